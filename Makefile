@@ -1,0 +1,45 @@
+# Vigil — the two Quick start commands: `make demo` and `make test`.
+# Both create or refresh .venv themselves (it is rebuilt when pyproject.toml changes).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.vigil-installed
+# apt-get needs root; use sudo when we are not root and sudo exists.
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test lint venv prometheus bench clean
+
+demo: venv
+	$(BIN)/vigil demo
+
+test: venv prometheus
+	$(BIN)/ruff check .
+	$(BIN)/pytest
+
+lint: venv
+	$(BIN)/ruff check .
+
+bench: venv
+	$(BIN)/python bench/parse_bench.py
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Vigil needs Python >= 3.11"' \
+		|| { echo "Vigil needs Python 3.11 or newer as $(PYTHON) (make PYTHON=python3.11 ...)"; exit 1; }
+	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV) || { \
+		echo "python3 -m venv failed; installing Debian's python3-venv"; \
+		$(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q python3-venv && $(PYTHON) -m venv $(VENV); }
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+# The tests start a real Prometheus (Debian's package); install it when promtool is missing.
+prometheus:
+	@command -v promtool >/dev/null 2>&1 || { \
+		echo "promtool not found: installing Debian's prometheus package"; \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends prometheus; }
+
+clean:
+	rm -rf $(VENV) demo-data .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Scrape targets, parse expositions, store samples."""

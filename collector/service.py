@@ -1,0 +1,281 @@
+"""The collector: scrape every target on its own schedule and write the samples to the store.
+
+Network I/O runs on one asyncio loop (httpx), so a dead or slow target only costs its own
+timeout. Parsing and SQLite writes run on one dedicated writer thread: SQLite wants a single
+writer, and the loop stays free to start the next scrapes on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from collector.layout import Layout
+from collector.scrape import (
+    Fetched,
+    ScrapeResult,
+    TargetInfo,
+    fetch_once,
+    parse_fetched,
+    points_from_families,
+    scrape_series_points,
+    stale_points,
+)
+from collector.store import Store
+from vigil.clock import Clock, system_clock
+from vigil.config import Config, TargetConfig
+from vigil.model import SeriesKey, TargetHealth
+
+__all__ = ["Collector", "ScrapeWriter", "target_info"]
+
+log = logging.getLogger("vigil.collector")
+
+
+def target_info(t: TargetConfig) -> TargetInfo:
+    return TargetInfo(t.name, t.url, t.pool, t.kind)
+
+
+def _text_format_body(fetched: Fetched) -> str | None:
+    """The body as text when it is in the classic text format (the fast path's only format)."""
+    if fetched.body is None or "openmetrics" in (fetched.content_type or ""):
+        return None
+    try:
+        text = fetched.body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return None if text.rstrip().endswith("# EOF") else text
+
+
+class ScrapeWriter:
+    """Turns fetched bodies into stored points for many targets, on one thread.
+
+    It remembers per target the last scrape's series (for staleness markers) and the layout of
+    its exposition (for the repeat-scrape fast path), so it must see every scrape of a target.
+    """
+
+    def __init__(self, store: Store):
+        self.store = store
+        #: Series written by each target's last scrape, for staleness markers.
+        self._last_series: dict[str, list[tuple[SeriesKey, str]]] = {}
+        #: The last fully parsed exposition's shape per target, for the repeat-scrape fast path.
+        self._layouts: dict[str, Layout] = {}
+
+    def process(self, target: TargetInfo, fetched: Fetched, now: float) -> TargetHealth:
+        """Parse (the fast path when the shape is unchanged) and store one fetch."""
+        ts_ms = round(now * 1000)
+        layout = self._layouts.get(target.name)
+        if fetched.body is not None and layout is not None:
+            t0 = time.perf_counter()
+            text = _text_format_body(fetched)
+            points = layout.read(text, ts_ms) if text is not None else None
+            if points is not None:
+                duration = fetched.duration + time.perf_counter() - t0
+                result = ScrapeResult(target, now, duration, None, "", points)
+                return self._write_result(result, points)
+        result = parse_fetched(target, fetched, now)
+        if result.families is None:
+            self._layouts.pop(target.name, None)
+            return self._write_result(result, [])
+        points = points_from_families(result.families, target, ts_ms)
+        text = _text_format_body(fetched)
+        learned = Layout.build(text, points) if text is not None else None
+        if learned is None:
+            self._layouts.pop(target.name, None)
+        else:
+            self._layouts[target.name] = learned
+        return self._write_result(result, points)
+
+    def _write_result(self, result: ScrapeResult, points: list[Any]) -> TargetHealth:
+        """Points, scrape series, staleness markers and target health in one transaction."""
+        name = result.target.name
+        ts_ms = round(result.started * 1000)
+        current = [(key, ftype) for key, ftype, _, _ in points]
+        rows = points + scrape_series_points(result)
+        previous = self._last_series.get(name, [])
+        if previous and (len(previous) != len(current) or previous != current):
+            rows.extend(stale_points(previous, {k for k, _ in current}, ts_ms))
+        health = TargetHealth(
+            target=name,
+            pool=result.target.pool,
+            kind=result.target.kind,
+            url=result.target.url,
+            up=result.up,
+            last_scrape=result.started,
+            duration=result.duration,
+            samples=result.samples,
+            error=result.error,
+        )
+        with self.store.transaction():
+            self.store.write(rows)
+            self.store.set_target_health(health)
+        self._last_series[name] = current
+        return health
+
+
+
+class Collector:
+    """Scrapes the configured targets into the store.
+
+    Use ``await collector.scrape_all()`` for one round (``vigil collect --once``) or
+    ``await collector.run(stop)`` to scrape on the schedule until ``stop`` is set.
+    ``clock`` gives the sample timestamps (Unix seconds); ``transport`` lets tests plug in
+    an httpx transport.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        clock: Clock = system_clock,
+        transport: httpx.AsyncBaseTransport | None = None,
+        store_factory: Callable[[], Store] | None = None,
+    ):
+        self.config = config
+        self.clock = clock
+        self._transport = transport
+        self._store_factory = store_factory or self._default_store
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vigil-store")
+        self._store: Store | None = None
+        self._scrape_writer: ScrapeWriter | None = None
+        #: One HTTP client per target: httpcore's pool scans every pooled connection on each
+        #: request event, so one shared pool makes a scrape round quadratic in the number of
+        #: targets (3M scans for 200 targets, measured); a pool per target keeps it linear.
+        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._last_up: dict[str, bool] = {}
+        self.scrapes = 0
+
+    def _default_store(self) -> Store:
+        s = self.config.store
+        return Store(
+            self.config.store_path(),
+            clock=self.clock,
+            raw_retention_s=s.raw_retention,
+            downsampled_retention_s=s.downsampled_retention,
+            resolution_s=s.resolution,
+        )
+
+    async def _in_writer(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
+
+    async def open(self) -> None:
+        """Open the store (on the writer thread: sqlite3 connections belong to a thread)."""
+        if self._store is None:
+            self._store = await self._in_writer(self._store_factory)
+            self._scrape_writer = ScrapeWriter(self._store)
+            for h in await self._in_writer(self._store.target_health):
+                self._last_up[h.target] = h.up
+
+    def _client(self, target: str) -> httpx.AsyncClient:
+        client = self._clients.get(target)
+        if client is None:
+            client = self._clients[target] = httpx.AsyncClient(
+                transport=self._transport, follow_redirects=True, trust_env=False,
+                limits=httpx.Limits(max_connections=2, max_keepalive_connections=1),
+            )
+        return client
+
+    async def close(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.aclose()
+        if self._store is not None:
+            await self._in_writer(self._store.close)
+            self._store = None
+        self._writer.shutdown(wait=True)
+
+    async def __aenter__(self) -> Collector:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- one scrape ------------------------------------------------------------------------
+    async def scrape_target(self, t: TargetConfig) -> TargetHealth:
+        """Scrape one target now and store the result; never raises for target problems."""
+        await self.open()
+        now = self.clock()
+        fetched = await fetch_once(
+            self._client(t.name),
+            target_info(t),
+            timeout=self.config.scrape_timeout(t),
+            max_body_bytes=self.config.collector.max_body_bytes,
+        )
+        # Parsing is CPU work: it runs on the writer thread, so the loop keeps fetching.
+        assert self._scrape_writer is not None  # open() made it
+        health = await self._in_writer(self._scrape_writer.process, target_info(t), fetched, now)
+        self.scrapes += 1
+        was_up = self._last_up.get(t.name)
+        if was_up is not health.up:
+            if health.up:
+                log.info("target %s is up (%d samples)", t.name, health.samples)
+            else:
+                log.warning("target %s is down: %s", t.name, health.error)
+        self._last_up[t.name] = health.up
+        return health
+
+    async def scrape_all(self) -> list[TargetHealth]:
+        """Scrape every target once, concurrently; results in config order."""
+        return list(await asyncio.gather(*(self.scrape_target(t) for t in self.config.targets)))
+
+    async def compact(self) -> Any:
+        """Downsample and expire old samples (on the writer thread)."""
+        await self.open()
+        assert self._store is not None
+        report = await self._in_writer(self._store.compact)
+        log.info("compaction: %s", report)
+        return report
+
+    # --- the schedule ----------------------------------------------------------------------
+    def _offset(self, t: TargetConfig) -> float:
+        """A stable offset within the interval, like Prometheus spreads its targets (seconds)."""
+        interval = self.config.scrape_interval(t)
+        return (zlib.crc32(t.name.encode()) % 10_000) / 10_000 * interval
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Scrape on schedule (apscheduler) until ``stop`` is set, then shut down cleanly."""
+        await self.open()
+        scheduler = AsyncIOScheduler(timezone=UTC)
+        now = datetime.now(UTC)
+        for t in self.config.targets:
+            interval = self.config.scrape_interval(t)
+            scheduler.add_job(
+                self.scrape_target,
+                "interval",
+                args=[t],
+                seconds=interval,
+                next_run_time=now + timedelta(seconds=self._offset(t)),
+                id=f"scrape:{t.name}",
+                max_instances=1,
+                coalesce=True,
+                misfire_grace_time=max(1, int(interval)),
+            )
+        scheduler.add_job(
+            self.compact,
+            "interval",
+            seconds=self.config.collector.compact_interval,
+            id="compact",
+            max_instances=1,
+            coalesce=True,
+        )
+        scheduler.start()
+        try:
+            await stop.wait()
+        finally:
+            scheduler.shutdown(wait=False)
+            # Let scrapes already under way finish writing: nothing half-stored.
+            pending = [
+                task for task in asyncio.all_tasks()
+                if task is not asyncio.current_task() and "scrape_target" in repr(task.get_coro())
+            ]
+            if pending:
+                await asyncio.wait(pending, timeout=self.config.collector.scrape_timeout + 1)

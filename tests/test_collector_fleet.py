@@ -1,0 +1,116 @@
+"""The collector against three simulated replicas, one killed mid-run and restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from collector.store import Store
+from helpers import free_port
+
+from collector.service import Collector
+from vigil.config import parse_config
+
+pytestmark = pytest.mark.slow
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def start_replica(port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "vigil.cli", "sim", "--replicas", "1", "--port", str(port),
+         "--model", MODEL, "--profile", "small"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def wait_healthy(base: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(base + "/health", timeout=1.0).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"{base} not healthy after {timeout}s")
+
+
+def send_requests(base: str, n: int) -> None:
+    for _ in range(n):
+        r = httpx.post(
+            base + "/v1/completions",
+            json={"model": MODEL, "prompt": "Hello there", "max_tokens": 4, "ignore_eos": True},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+
+
+def test_replica_killed_and_restarted(tmp_path):
+    ports = [free_port() for _ in range(3)]
+    procs = [start_replica(p) for p in ports]
+    bases = [f"http://127.0.0.1:{p}" for p in ports]
+    try:
+        for b in bases:
+            wait_healthy(b)
+        for b in bases:
+            send_requests(b, 3)
+        cfg = parse_config({
+            "store": {"path": str(tmp_path / "vigil.db")},
+            "collector": {"scrape_interval": "500ms", "scrape_timeout": "400ms"},
+            "pools": [{"name": "chat", "model": MODEL}],
+            "targets": [
+                {"name": f"r{i}", "url": f"{b}/metrics", "pool": "chat"}
+                for i, b in enumerate(bases)
+            ],
+        })
+
+        async def scenario() -> None:
+            stop = asyncio.Event()
+            async with Collector(cfg) as c:
+                task = asyncio.create_task(c.run(stop))
+                await asyncio.sleep(2.5)
+                procs[2].kill()
+                procs[2].wait()
+                await asyncio.sleep(2.5)
+                procs[2] = start_replica(ports[2])
+                await asyncio.to_thread(wait_healthy, bases[2])
+                await asyncio.to_thread(send_requests, bases[2], 1)
+                await asyncio.sleep(2.5)
+                stop.set()
+                await task
+
+        t0 = time.monotonic()
+        asyncio.run(scenario())
+        elapsed = time.monotonic() - t0
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+    with Store(cfg.store_path()) as store:
+        up = {k.as_dict()["instance"]: [p.value for p in v] for k, v in store.points("up").items()}
+        # The killed replica was recorded down, then up again.
+        r2 = up["r2"]
+        assert 0.0 in r2, r2
+        first_down = r2.index(0.0)
+        assert 1.0 in r2[first_down:], "the restarted replica was never seen up again"
+        # The others were scraped on schedule the whole time and never marked down.
+        expected = elapsed / 0.5
+        for name in ("r0", "r1"):
+            assert all(v == 1.0 for v in up[name])
+            assert len(up[name]) >= 0.6 * expected, (name, len(up[name]), expected)
+        # The counter reset is stored: the restarted process starts from zero again.
+        series = store.points(
+            "vllm:request_success_total", {"instance": "r2", "finished_reason": "length"}
+        )
+        (values,) = series.values()
+        vals = [p.value for p in values if p.value is not None]
+        assert vals[0] >= 3
+        assert any(b < a for a, b in itertools.pairwise(vals)), vals
+        health = {h.target: h for h in store.target_health()}
+        assert health["r2"].up

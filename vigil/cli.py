@@ -1,0 +1,275 @@
+"""The ``vigil`` command line.
+
+Each subcommand imports its module lazily so ``vigil --help`` stays fast, and every
+``VigilError`` becomes one line on stderr and its exit code (2 for bad config or input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+
+from vigil import __version__
+from vigil.errors import ConfigError, VigilError
+
+__all__ = ["main"]
+
+
+def _config_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument(
+        "--config", "-c", required=required, metavar="FILE", help="Vigil TOML config file"
+    )
+
+
+# --- collect ------------------------------------------------------------------------------
+def _cmd_collect(args: argparse.Namespace) -> int:
+    from collector.service import Collector
+    from vigil.config import load_config
+
+    cfg = load_config(args.config)
+    if not cfg.targets:
+        raise ConfigError("no [[targets]] to scrape", file=args.config, key="targets")
+
+    async def once() -> int:
+        async with Collector(cfg) as c:
+            results = await c.scrape_all()
+        for h in results:
+            state = "up" if h.up else f"DOWN ({h.error})"
+            print(f"{h.target:<24} {state:<8} {h.samples:>6} samples  {h.duration * 1000:7.1f} ms")
+        return 0
+
+    async def forever() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with Collector(cfg) as c:
+            print(
+                f"vigil collect: {len(cfg.targets)} targets every "
+                f"{cfg.collector.scrape_interval:g}s into {cfg.store_path()} (Ctrl-C stops)",
+                flush=True,
+            )
+            await c.run(stop)
+            print(f"vigil collect: stopped after {c.scrapes} scrapes", flush=True)
+        return 0
+
+    return asyncio.run(once() if args.once else forever())
+
+
+# --- ingest -------------------------------------------------------------------------------
+def _cmd_ingest(args: argparse.Namespace) -> int:
+    from collector.ingest import ingest_files
+    from collector.service import target_info
+    from collector.store import Store
+    from vigil.config import load_config
+
+    cfg = load_config(args.config)
+    try:
+        target = cfg.target(args.target)
+    except KeyError:
+        names = ", ".join(t.name for t in cfg.targets) or "none"
+        raise ConfigError(
+            f"--target {args.target!r} is not a target of this config (targets: {names})",
+            file=args.config,
+        ) from None
+    at = args.at if args.at is not None else time.time()
+    with Store(cfg.store_path()) as store:
+        report = ingest_files(store, target_info(target), args.files, at=at)
+    for name, mode, n in report.files:
+        print(f"{name}: {n} samples ({mode})")
+    print(f"stored {report.points} points for target {target.name!r} in {cfg.store_path()}")
+    return 0
+
+
+# --- targets ------------------------------------------------------------------------------
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+def _history(store: object, target: str, now: float, span_s: float = 3600.0) -> dict:
+    """From the stored series: since when the current state holds, the up ratio over the last
+    hour and the process start time (a restart shows as a newer start and a counter reset)."""
+    start_ms = int((now - span_s) * 1000)
+    ups = store.points("up", {"instance": target}, start_ms=start_ms)  # type: ignore[attr-defined]
+    values = [p for pts in ups.values() for p in pts if p.value is not None]
+    values.sort()
+    out: dict = {"state_since": None, "up_ratio_1h": None, "down_scrapes_1h": None,
+                 "process_start_time": None}
+    if values:
+        out["up_ratio_1h"] = round(sum(p.value for p in values) / len(values), 4)
+        out["down_scrapes_1h"] = sum(1 for p in values if p.value == 0.0)
+        since = values[-1].ts_ms
+        for p in reversed(values):
+            if p.value != values[-1].value:
+                break
+            since = p.ts_ms
+        # The state held through the whole span: say so rather than invent a start.
+        out["state_since"] = since / 1000 if since != values[0].ts_ms or len(values) < 2 else None
+    starts = store.last_points(  # type: ignore[attr-defined]
+        "process_start_time_seconds", {"instance": target}, at_ms=int(now * 1000)
+    )
+    for p in starts.values():
+        if p.value is not None:
+            out["process_start_time"] = p.value
+    return out
+
+
+def _cmd_targets(args: argparse.Namespace) -> int:
+    from collector.store import Store
+    from vigil.config import load_config
+
+    cfg = load_config(args.config)
+    path = cfg.store_path()
+    now = time.time()
+    rows = []
+    store = Store(path, readonly=True) if path.exists() else None
+    try:
+        health = {h.target: h for h in store.target_health()} if store else {}
+        for t in cfg.targets:
+            h = health.get(t.name)
+            row = {
+                "target": t.name,
+                "pool": t.pool,
+                "kind": t.kind,
+                "url": t.url,
+                "up": None if h is None else h.up,
+                "last_scrape": None if h is None else h.last_scrape,
+                "last_duration_seconds": None if h is None else round(h.duration, 6),
+                "samples": None if h is None else h.samples,
+                "last_error": None if h is None else h.error,
+            }
+            row.update(_history(store, t.name, now) if store and h else {
+                "state_since": None, "up_ratio_1h": None, "down_scrapes_1h": None,
+                "process_start_time": None})
+            rows.append(row)
+    finally:
+        if store is not None:
+            store.close()
+    if args.json:
+        json.dump({"store": str(path), "targets": rows}, sys.stdout, indent=2)
+        print()
+        return 0
+    if store is None:
+        print(f"no store at {path} yet: start `vigil collect --config {args.config}`")
+    print(
+        f"{'TARGET':<16} {'POOL':<8} {'KIND':<4} {'STATE':<7} {'SINCE':<9} {'UP 1H':>6} "
+        f"{'STARTED':<9} {'LAST':<8} {'DUR':>7} {'SAMPLES':>7}  ERROR"
+    )
+    for r in rows:
+        if r["up"] is None:
+            state, last, dur, samples = "unknown", "never", "-", "-"
+        else:
+            state = "up" if r["up"] else "DOWN"
+            last = _age(now - r["last_scrape"])
+            dur = f"{r['last_duration_seconds'] * 1000:.1f}ms"
+            samples = str(r["samples"])
+        since = _age(now - r["state_since"]) if r["state_since"] else "-"
+        ratio = f"{r['up_ratio_1h'] * 100:.1f}%" if r["up_ratio_1h"] is not None else "-"
+        started = _age(now - r["process_start_time"]) if r["process_start_time"] else "-"
+        print(
+            f"{r['target']:<16} {r['pool']:<8} {r['kind']:<4} {state:<7} {since:<9} {ratio:>6} "
+            f"{started:<9} {last:<8} {dur:>7} {samples:>7}  {r['last_error'] or ''}"
+        )
+    return 0
+
+
+# --- sim / demo ---------------------------------------------------------------------------
+def _cmd_sim(args: argparse.Namespace) -> int:
+    from serving.sim import cli as sim_cli
+
+    return sim_cli.run(args)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from vigil import demo
+
+    return demo.run(args)
+
+
+def _cmd_loadgen(args: argparse.Namespace) -> int:
+    from serving import loadgen
+
+    return loadgen.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vigil",
+        description="SLO monitoring and cost observability for vLLM fleets.",
+    )
+    parser.add_argument("--version", action="version", version=f"vigil {__version__}")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("collect", help="scrape the configured targets into the store")
+    _config_arg(p)
+    p.add_argument("--once", action="store_true", help="scrape every target once and exit")
+    p.set_defaults(func=_cmd_collect)
+
+    p = sub.add_parser("ingest", help="store exposition files as if scraped from a target")
+    _config_arg(p)
+    p.add_argument("--target", required=True, help="the target's name in the config")
+    p.add_argument(
+        "--at", type=float, metavar="UNIX_SECONDS",
+        help="timestamp of a file without sample timestamps (default: now)",
+    )
+    p.add_argument("files", nargs="+", metavar="FILE", help="exposition files; - reads stdin")
+    p.set_defaults(func=_cmd_ingest)
+
+    p = sub.add_parser("targets", help="each target's health, like Prometheus's targets page")
+    _config_arg(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_targets)
+
+    p = sub.add_parser("sim", help="run a simulated vLLM fleet (no GPU needed)")
+    from serving.sim import cli as sim_cli
+
+    sim_cli.add_arguments(p)
+    p.set_defaults(func=_cmd_sim)
+
+    p = sub.add_parser("loadgen", help="send a mixed workload to a vLLM-compatible endpoint")
+    from serving import loadgen
+
+    loadgen.add_arguments(p)
+    p.set_defaults(func=_cmd_loadgen)
+
+    p = sub.add_parser("demo", help="simulated fleet + load + collector, all on this machine")
+    from vigil import demo
+
+    demo.add_arguments(p)
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # apscheduler logs every job run at INFO; that is noise at our default level.
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        return int(args.func(args) or 0)
+    except VigilError as exc:
+        print(f"vigil {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

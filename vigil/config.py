@@ -1,0 +1,427 @@
+"""Vigil's configuration: one TOML file, validated with pydantic.
+
+Every number the seed document gives is a default here, never a constant in code. Unknown keys,
+wrong types and broken references fail loudly with the file and the dotted key path
+(``ConfigError``, exit code 2).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from vigil.conventions import TARGET_KINDS
+from vigil.durations import parse_duration
+from vigil.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_PRICES",
+    "BurnRateAlert",
+    "CollectorConfig",
+    "Config",
+    "EngineConfig",
+    "PoolConfig",
+    "ScalingConfig",
+    "SloConfig",
+    "SloDefaults",
+    "StoreConfig",
+    "TargetConfig",
+    "load_config",
+    "parse_config",
+]
+
+#: Seconds; accepts "15s", "5m", "48h", "35d" or a plain number of seconds.
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
+
+#: USD per GPU-hour, on-demand list prices of late 2026 rounded; illustrative defaults that
+#: every deployment should override in ``[prices]`` with what it really pays.
+DEFAULT_PRICES: dict[str, float] = {
+    "H100": 6.88,
+    "H200": 8.00,
+    "A100": 4.10,
+    "L40S": 1.96,
+    "A10G": 1.21,
+    "L4": 0.80,
+}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StoreConfig(_Section):
+    """The embedded SQLite store."""
+
+    path: str = "vigil.db"
+    raw_retention: Duration = 48 * 3600.0
+    downsampled_retention: Duration = 35 * 86400.0
+    resolution: Duration = 60.0
+
+    @model_validator(mode="after")
+    def _check(self) -> StoreConfig:
+        if self.resolution <= 0:
+            raise ValueError("resolution must be more than 0 seconds")
+        if self.downsampled_retention < self.raw_retention:
+            raise ValueError("downsampled_retention must be at least raw_retention")
+        return self
+
+
+class CollectorConfig(_Section):
+    """How targets are scraped."""
+
+    scrape_interval: Duration = 15.0
+    scrape_timeout: Duration = 10.0
+    #: A body larger than this is refused (a broken target must not exhaust memory).
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    #: How often old raw samples are downsampled and expired.
+    compact_interval: Duration = 300.0
+
+    @model_validator(mode="after")
+    def _check(self) -> CollectorConfig:
+        if self.scrape_interval <= 0:
+            raise ValueError("scrape_interval must be more than 0 seconds")
+        if not 0 < self.scrape_timeout <= self.scrape_interval:
+            raise ValueError("scrape_timeout must be more than 0 and at most scrape_interval")
+        return self
+
+
+class PoolConfig(_Section):
+    """Replicas serving one model on one kind of GPU."""
+
+    name: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    gpu: str = "H100"
+    gpus_per_replica: int = Field(default=1, ge=1)
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=8, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> PoolConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) is more than max_replicas "
+                f"({self.max_replicas})"
+            )
+        return self
+
+
+class TargetConfig(_Section):
+    """One scrape endpoint: a vLLM server's /metrics or a DCGM exporter's."""
+
+    name: str = Field(min_length=1)
+    url: str
+    pool: str
+    kind: Literal["vllm", "dcgm"] = "vllm"
+    #: Overrides ``[collector]`` for this target (seconds).
+    scrape_interval: Duration | None = None
+    scrape_timeout: Duration | None = None
+    #: The OpenAI API base of a vLLM target; default: ``url`` without ``/metrics``.
+    api_url: str | None = None
+
+    @field_validator("url", "api_url")
+    @classmethod
+    def _http(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
+        return v
+
+    @property
+    def api_base(self) -> str:
+        """The OpenAI API base URL (``http://host:port``) of a vLLM target."""
+        if self.api_url:
+            return self.api_url.rstrip("/")
+        url = self.url
+        return url[: -len("/metrics")] if url.endswith("/metrics") else url.rstrip("/")
+
+
+class SloDefaults(_Section):
+    """The seed's SLOs: the defaults of every pool's SLO set."""
+
+    ttft_threshold_seconds: float = Field(default=0.8, gt=0)
+    ttft_objective: Ratio = 0.95
+    e2e_threshold_seconds: float = Field(default=8.0, gt=0)
+    e2e_objective: Ratio = 0.95
+    #: The e2e SLO is stated for a generation of this many output tokens.
+    e2e_reference_output_tokens: int = Field(default=512, gt=0)
+    error_rate_objective: Ratio = 0.995
+    availability_objective: Ratio = 0.995
+    period: Duration = 30 * 86400.0
+
+
+class ScalingConfig(_Section):
+    """The seed's scale-out / scale-in policy (ratios 0-1, counts, seconds)."""
+
+    scale_out_kv_usage: Ratio = 0.80
+    scale_out_queue_length: float = Field(default=50, ge=0)
+    #: Scale out when TTFT p95 exceeds this fraction of the TTFT SLO threshold.
+    scale_out_ttft_ratio: Ratio = 0.80
+    scale_in_kv_usage: Ratio = 0.30
+    scale_in_queue_length: float = Field(default=0, ge=0)
+    scale_in_hold: Duration = 600.0
+    cooldown: Duration = 300.0
+    #: GPU spin-up time: scale out before a threshold is crossed (2-5 min in the seed).
+    spinup: Duration = 180.0
+    #: KV-cache usage above which vLLM starts refusing new requests (alert).
+    admission_kv_usage: Ratio = 0.90
+
+
+class AnomalyConfig(_Section):
+    """Cost anomalies."""
+
+    #: A request whose token count exceeds this multiple of the mean is an anomaly.
+    token_multiplier: float = Field(default=10.0, gt=1)
+    #: The mean is taken over this rolling window (seconds).
+    window: Duration = 3600.0
+
+
+Indicator = Literal["ttft", "e2e", "error_rate", "availability"]
+Endpoint = Literal["chat", "completions", "all"]
+
+
+class SloConfig(_Section):
+    """One SLO: an indicator for one pool (and model, and endpoint) with an objective."""
+
+    name: str = Field(min_length=1)
+    pool: str
+    #: Default: the pool's model.
+    model: str | None = None
+    endpoint: Endpoint = "all"
+    indicator: Indicator
+    #: Ratio 0-1 of good events (or good time, for availability); default from [slo_defaults].
+    objective: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
+    #: Latency indicators only; default from [slo_defaults].
+    threshold_seconds: Annotated[float, Field(gt=0)] | None = None
+    period: Duration | None = None
+
+
+class BurnRateAlert(_Section):
+    """One row of the multiwindow multi-burn-rate table (SRE workbook, table 5-8)."""
+
+    severity: Literal["page", "ticket"]
+    #: Burn rate: how many times faster than "exactly on budget" the budget is spent.
+    factor: float = Field(gt=0)
+    long_window: Duration
+    short_window: Duration
+
+    @model_validator(mode="after")
+    def _check(self) -> BurnRateAlert:
+        if not 0 < self.short_window < self.long_window:
+            raise ValueError("short_window must be more than 0 and less than long_window")
+        return self
+
+
+def _default_burn_rate_alerts() -> list[BurnRateAlert]:
+    # The table is a data file that cites its source, not numbers buried here.
+    path = Path(__file__).resolve().parent.parent / "slo" / "burn_rate_windows.toml"
+    data = tomllib.loads(path.read_text())
+    return [BurnRateAlert.model_validate(a) for a in data["alerts"]]
+
+
+class EngineConfig(_Section):
+    """The SLO engine: where it reads, which PromQL rules it follows, its default windows."""
+
+    #: "3" (Prometheus 3.x rules, the default) or "2" (2.x: left-closed ranges, ...).
+    promql_semantics: Literal["2", "3"] = "3"
+    #: Read from this Prometheus-compatible API instead of the embedded store ("" = store).
+    prometheus_url: str = ""
+    #: Instant-vector lookback (Prometheus's --query.lookback-delta), seconds.
+    lookback: Duration = 300.0
+    #: Window of the quantiles and the current SLI (seconds).
+    window: Duration = 300.0
+    #: Window of the cost figures (seconds).
+    cost_window: Duration = 3600.0
+    #: How often `vigil serve` evaluates (seconds).
+    evaluation_interval: Duration = 30.0
+    burn_rate_alerts: list[BurnRateAlert] = Field(default_factory=_default_burn_rate_alerts)
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if v and not v.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
+        return v.rstrip("/")
+
+
+class Config(_Section):
+    """The whole configuration file."""
+
+    store: StoreConfig = StoreConfig()
+    collector: CollectorConfig = CollectorConfig()
+    pools: list[PoolConfig] = []
+    targets: list[TargetConfig] = []
+    prices: dict[str, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=lambda: dict(DEFAULT_PRICES)
+    )
+    slo_defaults: SloDefaults = SloDefaults()
+    scaling: ScalingConfig = ScalingConfig()
+    anomaly: AnomalyConfig = AnomalyConfig()
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    #: With none, every pool gets the seed's four SLOs (see ``effective_slos``).
+    slos: list[SloConfig] = []
+    #: Where the file was read from ("" when built in code); relative store paths resolve here.
+    source: str = ""
+
+    @field_validator("prices", mode="before")
+    @classmethod
+    def _merge_prices(cls, v: Any) -> Any:
+        # A [prices] table adds to and overrides the shipped table rather than replacing it.
+        if isinstance(v, dict):
+            return {**DEFAULT_PRICES, **v}
+        return v
+
+    def pool(self, name: str) -> PoolConfig:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def target(self, name: str) -> TargetConfig:
+        for t in self.targets:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def scrape_interval(self, target: TargetConfig) -> float:
+        """Seconds between scrapes of ``target``."""
+        return target.scrape_interval or self.collector.scrape_interval
+
+    def scrape_timeout(self, target: TargetConfig) -> float:
+        """Seconds a scrape of ``target`` may take (never more than its interval)."""
+        timeout = target.scrape_timeout or self.collector.scrape_timeout
+        return min(timeout, self.scrape_interval(target))
+
+    def store_path(self) -> Path:
+        """The store's path; a relative path is relative to the config file's folder."""
+        p = Path(self.store.path)
+        if not p.is_absolute() and self.source:
+            p = Path(self.source).resolve().parent / p
+        return p
+
+
+def _check_references(cfg: Config) -> list[tuple[str, str]]:
+    """Cross-field checks pydantic cannot express: (dotted key, message) pairs."""
+    problems: list[tuple[str, str]] = []
+    pool_names = [p.name for p in cfg.pools]
+    for i, p in enumerate(cfg.pools):
+        if pool_names.index(p.name) != i:
+            problems.append((f"pools[{i}].name", f"duplicate pool name {p.name!r}"))
+        if p.gpu not in cfg.prices:
+            known = ", ".join(sorted(cfg.prices))
+            problems.append(
+                (f"pools[{i}].gpu", f"no price for GPU {p.gpu!r}: add it to [prices] "
+                 f"(known: {known})")
+            )
+    slo_names = [x.name for x in cfg.slos]
+    for i, slo in enumerate(cfg.slos):
+        if slo_names.index(slo.name) != i:
+            problems.append((f"slos[{i}].name", f"duplicate SLO name {slo.name!r}"))
+        if slo.pool not in pool_names:
+            known = ", ".join(repr(n) for n in pool_names) or "none defined"
+            problems.append(
+                (f"slos[{i}].pool", f"pool {slo.pool!r} does not exist (pools: {known})")
+            )
+        latency = slo.indicator in ("ttft", "e2e")
+        if slo.threshold_seconds is not None and not latency:
+            problems.append((f"slos[{i}].threshold_seconds",
+                             f"only latency indicators (ttft, e2e) take a threshold, "
+                             f"not {slo.indicator!r}"))
+    target_names = [t.name for t in cfg.targets]
+    for i, t in enumerate(cfg.targets):
+        if target_names.index(t.name) != i:
+            problems.append((f"targets[{i}].name", f"duplicate target name {t.name!r}"))
+        if t.pool not in pool_names:
+            known = ", ".join(repr(n) for n in pool_names) or "none defined"
+            problems.append(
+                (f"targets[{i}].pool", f"pool {t.pool!r} does not exist (pools: {known})")
+            )
+        if t.kind not in TARGET_KINDS:  # pragma: no cover - Literal already enforces it
+            problems.append((f"targets[{i}].kind", f"unknown kind {t.kind!r}"))
+        for field in ("scrape_interval", "scrape_timeout"):
+            v = getattr(t, field)
+            if v is not None and v <= 0:
+                problems.append((f"targets[{i}].{field}", "must be more than 0 seconds"))
+    return problems
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    """pydantic's error location as a dotted TOML key path: ``targets[2].pool``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("function-after", "function-before") or str(part).startswith(
+            ("function-", "literal[")
+        ):
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def parse_config(data: dict[str, Any], *, file: str = "<config>") -> Config:
+    """Validate a parsed TOML document; raise ``ConfigError`` naming the file and key."""
+    data = dict(data)
+    if "source" in data:
+        raise ConfigError("unknown key", file=file, key="source")
+    try:
+        cfg = Config.model_validate({**data, "source": file if file != "<config>" else ""})
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = _loc(err["loc"])
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key (check the spelling; see vigil.example.toml)"
+            else:
+                msg = err["msg"]
+                if msg.startswith("Value error, "):
+                    msg = msg[len("Value error, "):]
+                if "input" in err and err["type"] != "missing" and repr(err["input"]) not in msg:
+                    msg += f" (got {err['input']!r})"
+            problems.append((key, msg))
+        raise _many(problems, file) from None
+    problems = _check_references(cfg)
+    if problems:
+        raise _many(problems, file)
+    return cfg
+
+
+def _many(problems: list[tuple[str, str]], file: str) -> ConfigError:
+    key, msg = problems[0]
+    if len(problems) > 1:
+        more = "; ".join(f"{k}: {m}" for k, m in problems[1:])
+        msg = f"{msg} (and {len(problems) - 1} more: {more})"
+    return ConfigError(msg, file=file, key=key)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a TOML config file.
+
+    Raises ``ConfigError`` (exit code 2) for a missing file, bad TOML, unknown keys, wrong
+    types or broken references, naming the file and the key.
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError("file not found", file=str(p)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", file=str(p)) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text ({exc.reason})", file=str(p)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML: {exc}", file=str(p)) from None
+    return parse_config(data, file=str(p))

@@ -1,0 +1,91 @@
+"""The data model shared by every layer: labels, series, points, target health.
+
+Parsed expositions use prometheus_client's own ``Metric`` and ``Sample`` types (the library's
+model); once a sample belongs to a target and a time it becomes a ``Point`` of a ``SeriesKey``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+__all__ = [
+    "STALE",
+    "Labels",
+    "Point",
+    "SeriesKey",
+    "TargetHealth",
+    "is_stale",
+    "labels_of",
+]
+
+#: Sorted ``(name, value)`` pairs: hashable, comparable, and the canonical order for storage.
+Labels = tuple[tuple[str, str], ...]
+
+#: The value of a staleness marker (Prometheus writes a special NaN; we store SQL NULL).
+STALE = None
+
+
+def labels_of(mapping: Mapping[str, str] | Iterable[tuple[str, str]]) -> Labels:
+    """Canonical ``Labels`` from a dict or pairs: sorted by name, empty values dropped.
+
+    Prometheus treats a label with an empty value as absent, so we do too.
+    """
+    items = mapping.items() if isinstance(mapping, Mapping) else mapping
+    return tuple(sorted((k, v) for k, v in items if v != ""))
+
+
+class SeriesKey(NamedTuple):
+    """One time series: metric name plus its full label set (target labels included)."""
+
+    name: str
+    labels: Labels
+
+    def label(self, name: str, default: str = "") -> str:
+        for k, v in self.labels:
+            if k == name:
+                return v
+        return default
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.labels)
+
+
+class Point(NamedTuple):
+    """A sample in time: ``ts_ms`` Unix milliseconds; ``value`` a float, or ``None`` (stale)."""
+
+    ts_ms: int
+    value: float | None
+
+
+def is_stale(value: float | None) -> bool:
+    """True for a staleness marker (``None``); a real NaN sample is not stale."""
+    return value is None
+
+
+class TargetHealth(NamedTuple):
+    """The latest scrape of one target, as Prometheus's targets page shows it.
+
+    ``last_scrape`` is Unix seconds (0 = never), ``duration`` seconds, ``samples`` the number of
+    samples the target exposed, ``error`` the failure reason ("" when up).
+    """
+
+    target: str
+    pool: str
+    kind: str
+    url: str
+    up: bool
+    last_scrape: float
+    duration: float
+    samples: int
+    error: str
+
+    @property
+    def never_scraped(self) -> bool:
+        return self.last_scrape == 0
+
+
+def finite(value: float) -> bool:
+    """True when ``value`` is a real number (not NaN, not ±Inf)."""
+    return not (math.isnan(value) or math.isinf(value))
