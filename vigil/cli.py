@@ -183,6 +183,13 @@ def _cmd_targets(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- slo ---------------------------------------------------------------------------------
+def _cmd_slo_status(args: argparse.Namespace) -> int:
+    from slo import cli as slo_cli
+
+    return slo_cli.run(args)
+
+
 # --- sim / demo ---------------------------------------------------------------------------
 def _cmd_sim(args: argparse.Namespace) -> int:
     from serving.sim import cli as sim_cli
@@ -230,6 +237,14 @@ def build_parser() -> argparse.ArgumentParser:
     _config_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_targets)
+
+    p = sub.add_parser("slo", help="the SLO engine: SLIs, burn rates, budgets, cost, scaling")
+    slo_sub = p.add_subparsers(dest="slo_command", metavar="SUBCOMMAND", required=True)
+    p = slo_sub.add_parser("status", help="every SLO, burn rate, cost and scaling advice now")
+    from slo import cli as slo_cli
+
+    slo_cli.add_arguments(p)
+    p.set_defaults(func=_cmd_slo_status)
 
     p = sub.add_parser("sim", help="run a simulated vLLM fleet (no GPU needed)")
     from serving.sim import cli as sim_cli

@@ -1,0 +1,1 @@
+"""SLO math: PromQL-exact primitives, SLIs, burn rates, budgets, cost, scaling."""

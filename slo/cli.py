@@ -1,0 +1,207 @@
+"""``vigil slo status``: the SLO engine's answer at one instant, as JSON or a readable table.
+
+Wire it as a sub-subcommand::
+
+    slo = sub.add_parser("slo", ...).add_subparsers(dest="slo_command", required=True)
+    p = slo.add_parser("status", help="...")
+    slo.cli.add_arguments(p)
+    p.set_defaults(func=slo.cli.run)
+
+Flags override ``[engine]``: ``--prometheus URL`` (or ``engine.prometheus_url``) reads from a
+Prometheus-compatible API, otherwise the embedded store is opened read-only. The evaluation
+time is ``--at`` or, at this edge only, the injected clock's now.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from slo.source import Source
+from vigil.clock import Clock, system_clock
+from vigil.config import Config, load_config
+from vigil.durations import parse_duration
+from vigil.errors import ConfigError, StoreError
+
+__all__ = ["TABLE_WIDTH", "add_arguments", "format_table", "open_source", "run"]
+
+#: The readable output fits a terminal this wide (columns).
+TABLE_WIDTH = 100
+_NULL = "–"
+
+
+def _duration_arg(text: str) -> float:
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"the window must be more than 0 seconds, got {text!r}")
+    return seconds
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``vigil slo status``."""
+    parser.add_argument("--config", "-c", required=True, metavar="FILE",
+                        help="Vigil TOML config file")
+    parser.add_argument("--at", type=float, metavar="UNIX_SECONDS",
+                        help="evaluation time (default: now)")
+    parser.add_argument("--window", type=_duration_arg, metavar="DURATION",
+                        help="window of the quantiles and current SLIs (default: [engine] window)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--prometheus", metavar="URL",
+                        help="read from this Prometheus-compatible API instead of the store")
+    parser.add_argument("--promql-semantics", choices=("2", "3"),
+                        help="PromQL rules: 3 = Prometheus 3.x, 2 = 2.x (default: [engine])")
+
+
+@contextlib.contextmanager
+def open_source(config: Config, config_file: str, *, prometheus_url: str = "",
+                semantics: str | None = None) -> Iterator[Source]:
+    """The configured ``Source``: a Prometheus API when a URL is given (flag or
+    ``[engine] prometheus_url``), else the embedded store opened read-only."""
+    sem = semantics or config.engine.promql_semantics
+    url = (prometheus_url or config.engine.prometheus_url).rstrip("/")
+    if url:
+        try:
+            from slo.prometheus import PrometheusSource
+        except ImportError as exc:
+            if exc.name != "slo.prometheus":
+                raise
+            raise ConfigError("the Prometheus source (slo.prometheus) is not installed yet",
+                              file=config_file, key="engine.prometheus_url") from None
+        source = PrometheusSource(url, semantics=sem, lookback_s=config.engine.lookback)
+        try:
+            yield source
+        finally:
+            close = getattr(source, "close", None)
+            if callable(close):
+                close()
+        return
+
+    from collector.store import Store
+    from slo.embedded import EmbeddedSource
+
+    path = config.store_path()
+    if not path.exists():
+        raise StoreError(
+            f"no store at {path} yet: run `vigil collect --config {config_file}` first"
+        )
+    with Store(path, readonly=True) as store:
+        yield EmbeddedSource(store, semantics=sem, lookback_s=config.engine.lookback)
+
+
+def run(args: argparse.Namespace, *, clock: Clock = system_clock,
+        out: TextIO | None = None) -> int:
+    """Evaluate and print; returns the exit code (errors are raised as ``VigilError``)."""
+    from slo.status import evaluate
+
+    stream = out if out is not None else sys.stdout
+    config = load_config(args.config)
+    at = args.at if args.at is not None else clock()
+    with open_source(config, args.config, prometheus_url=args.prometheus or "",
+                     semantics=args.promql_semantics) as source:
+        result = evaluate(config, source, at, window_s=args.window)
+    if args.json:
+        stream.write(json.dumps(result, indent=2, allow_nan=False) + "\n")
+    else:
+        stream.write(format_table(result) + "\n")
+    return 0
+
+
+# --- the readable table ----------------------------------------------------------------------
+def _fit(text: str, width: int = TABLE_WIDTH) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _cell(text: str, width: int) -> str:
+    return _fit(text, width).ljust(width)
+
+
+def _fmt(value: Any, spec: Callable[[float], str]) -> str:
+    return _NULL if value is None else spec(value)
+
+
+def _pct(digits: int) -> Callable[[float], str]:
+    return lambda v: f"{v * 100:.{digits}f}%"
+
+
+def _seconds(v: float) -> str:
+    return f"{v * 1000:.0f}ms" if v < 1 else f"{v:.2f}s"
+
+
+def _pool_lines(name: str, pool: dict[str, Any]) -> list[str]:
+    kv = pool.get("kv_cache_usage") or {}
+    cost = pool.get("cost") or {}
+    scaling = pool.get("scaling")
+    if scaling:
+        reasons = scaling.get("reasons") or []
+        first = reasons[0] if reasons else ""
+        if isinstance(first, dict):  # tolerate structured reasons
+            first = first.get("message") or first.get("reason") or json.dumps(first)
+        action = (f"{scaling.get('action', _NULL)} {scaling.get('current', _NULL)}→"
+                  f"{scaling.get('desired', _NULL)}" + (f": {first}" if first else ""))
+    else:
+        action = f"scaling {_NULL}"
+    lines = [
+        _fit(f"pool {name}"),
+        _fit(
+            f"  KV avg {_fmt(kv.get('avg'), _pct(1))} max {_fmt(kv.get('max'), _pct(1))}"
+            f"  queue {_fmt(pool.get('queue_length'), lambda v: f'{v:g}')}"
+            f"  cost/1k req {_fmt(cost.get('per_1000_requests'), lambda v: f'${v:.3f}')}"
+            f"  {action}"
+        ),
+    ]
+    for model, block in (pool.get("models") or {}).items():
+        q = block.get("quantiles") or {}
+        ttft = q.get("ttft_seconds") or {}
+        e2e = q.get("e2e_seconds") or {}
+        gen = (block.get("tokens_per_request") or {}).get("generated") or {}
+        lines.append(_fit(
+            f"  {model}: TTFT p95 {_fmt(ttft.get('p95'), _seconds)}"
+            f" p99 {_fmt(ttft.get('p99'), _seconds)}"
+            f"  e2e p95 {_fmt(e2e.get('p95'), _seconds)}"
+            f"  gen tok/req {_fmt(gen.get('mean'), lambda v: f'{v:.0f}')}"
+        ))
+    return lines
+
+
+_SLO_COLUMNS = (("SLO", 24), ("INDICATOR", 12), ("OBJECTIVE", 9), ("SLI", 8),
+                ("BUDGET", 8), ("BURN 1h", 8), ("BURN 5m", 8))
+
+
+def _slo_line(cells: list[str], alerts: str) -> str:
+    parts = [_cell(c, w) for c, (_, w) in zip(cells, _SLO_COLUMNS, strict=True)]
+    return _fit(" ".join(parts) + " " + alerts).rstrip()
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The readable form of ``slo.status.evaluate``'s result: one block per pool, then one
+    line per SLO; every line at most ``TABLE_WIDTH`` columns, ``–`` for null."""
+    at = datetime.fromtimestamp(result["at"], UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    lines = [_fit(f"vigil slo status at {at}  ({result.get('source')}, PromQL "
+                  f"{result.get('promql_semantics')}, window {result.get('window')})"), ""]
+    for name, pool in (result.get("pools") or {}).items():
+        lines += _pool_lines(name, pool)
+        lines.append("")
+    lines.append(_slo_line([h for h, _ in _SLO_COLUMNS], "ALERTS"))
+    for slo in result.get("slos") or []:
+        windows = slo.get("windows") or {}
+        burn = {k: (windows.get(k) or {}).get("burn_rate") for k in ("1h", "5m")}
+        cells = [
+            slo.get("name", ""),
+            slo.get("indicator", ""),
+            _fmt(slo.get("objective"), _pct(2)),
+            _fmt(slo.get("sli"), _pct(2)),
+            _fmt(slo.get("budget_remaining"), _pct(1)),
+            _fmt(burn["1h"], lambda v: f"{v:.2f}"),
+            _fmt(burn["5m"], lambda v: f"{v:.2f}"),
+        ]
+        alerts = ",".join(slo.get("alerts") or []) or _NULL
+        lines.append(_slo_line(cells, alerts))
+    return "\n".join(lines).rstrip("\n")

@@ -1,0 +1,161 @@
+"""Latency quantiles and tokens per request, per pool and model, over one window.
+
+For each latency histogram (TTFT, end-to-end, queue time, inter-token latency) and each model
+of a pool::
+
+    histogram_quantile(q, sum by (model_name, le) (rate(<x>_bucket{pool, kind="vllm"}[w])))
+
+for q = 0.5, 0.95, 0.99. We sum ``increase`` rather than ``rate``: the two differ by the
+constant factor ``w``, which cancels in the quantile (to the last bit or so of a float).
+
+Tokens per request (generated and prompt), per model::
+
+    mean = increase(<x>_sum[w]) / increase(<x>_count[w])
+    p95  = histogram_quantile(0.95, sum by (model_name, le) (rate(<x>_bucket[w])))
+
+vLLM's token histograms have 1-2-5 buckets, so the p95 is coarse (interpolated linearly
+inside a bucket, like every ``histogram_quantile``).
+
+A quantile PromQL answers with NaN (no observations, no ``+Inf`` bucket) is ``None``.
+Units: latency quantiles in seconds, tokens in tokens, windows in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from slo.lookup import SemanticsLike
+from slo.quantile import Bucket, histogram_quantile
+from slo.sli import vllm_matchers
+from slo.source import Source
+from vigil.conventions import (
+    LABEL_MODEL_NAME,
+    SUFFIX_COUNT,
+    SUFFIX_SUM,
+    VLLM_E2E,
+    VLLM_GENERATION_TOKENS_HIST,
+    VLLM_ITL,
+    VLLM_PROMPT_TOKENS_HIST,
+    VLLM_QUEUE_TIME,
+    VLLM_TTFT,
+)
+from vigil.durations import format_duration
+from vigil.model import Labels
+
+__all__ = [
+    "LATENCY_HISTOGRAMS",
+    "QUANTILES",
+    "TOKEN_HISTOGRAMS",
+    "TOKEN_QUANTILE",
+    "finite_or_none",
+    "model_quantiles",
+    "quantile_key",
+]
+
+#: The quantiles reported for every latency histogram (ratios 0-1).
+QUANTILES = (0.5, 0.95, 0.99)
+#: The quantile reported for tokens per request.
+TOKEN_QUANTILE = 0.95
+#: JSON key -> vLLM histogram (seconds).
+LATENCY_HISTOGRAMS = {
+    "ttft_seconds": VLLM_TTFT,
+    "e2e_seconds": VLLM_E2E,
+    "queue_seconds": VLLM_QUEUE_TIME,
+    "itl_seconds": VLLM_ITL,
+}
+#: JSON key -> vLLM histogram (tokens per finished request).
+TOKEN_HISTOGRAMS = {
+    "generated": VLLM_GENERATION_TOKENS_HIST,
+    "prompt": VLLM_PROMPT_TOKENS_HIST,
+}
+
+
+def quantile_key(q: float) -> str:
+    """``0.95`` -> ``"p95"``, ``0.5`` -> ``"p50"``, ``0.999`` -> ``"p99.9"``."""
+    return f"p{q * 100:g}"
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """``value`` unless it is ``None``, NaN or ±Inf (JSON has no NaN; PromQL's NaN means
+    "cannot be computed", which the status JSON spells ``null``)."""
+    if value is None or not math.isfinite(value):
+        return None
+    return value
+
+
+def _by_model(groups: Mapping[Labels, Any]) -> dict[str, Any]:
+    """Re-key ``by (model_name)`` results by the model name; series without one are left out
+    (every vLLM series has it)."""
+    out: dict[str, Any] = {}
+    for labels, value in groups.items():
+        model = dict(labels).get(LABEL_MODEL_NAME, "")
+        if model:
+            out[model] = value
+    return out
+
+
+def _quantiles(
+    buckets: list[Bucket] | None, qs: Iterable[float], semantics: SemanticsLike
+) -> dict[str, float | None]:
+    return {
+        quantile_key(q): None if buckets is None
+        else finite_or_none(histogram_quantile(q, buckets, semantics))
+        for q in qs
+    }
+
+
+def model_quantiles(
+    source: Source,
+    pool: str,
+    at_s: float,
+    window_s: float,
+    *,
+    models: Iterable[str] = (),
+) -> dict[str, dict[str, Any]]:
+    """Per model of ``pool``: ``{"quantiles": {...}, "tokens_per_request": {...}}``.
+
+    The models are those with data in the window plus ``models`` (e.g. the pool's configured
+    model, which then appears with ``None`` values when idle), sorted by name.
+    """
+    matchers = vllm_matchers(pool)
+    by = (LABEL_MODEL_NAME,)
+    latency = {
+        key: _by_model(source.bucket_increase(metric, matchers, at_s, window_s, by))
+        for key, metric in LATENCY_HISTOGRAMS.items()
+    }
+    token_buckets = {
+        key: _by_model(source.bucket_increase(metric, matchers, at_s, window_s, by))
+        for key, metric in TOKEN_HISTOGRAMS.items()
+    }
+    token_sums = {
+        key: _by_model(source.increase(metric + SUFFIX_SUM, matchers, at_s, window_s, by))
+        for key, metric in TOKEN_HISTOGRAMS.items()
+    }
+    token_counts = {
+        key: _by_model(source.increase(metric + SUFFIX_COUNT, matchers, at_s, window_s, by))
+        for key, metric in TOKEN_HISTOGRAMS.items()
+    }
+    names = set(models)
+    for table in (latency, token_buckets, token_sums, token_counts):
+        for per_model in table.values():
+            names.update(per_model)
+
+    sem = source.semantics
+    out: dict[str, dict[str, Any]] = {}
+    for model in sorted(names):
+        quantiles: dict[str, Any] = {"window": format_duration(window_s)}
+        for key in LATENCY_HISTOGRAMS:
+            quantiles[key] = _quantiles(latency[key].get(model), QUANTILES, sem)
+        tokens: dict[str, Any] = {}
+        for key in TOKEN_HISTOGRAMS:
+            total = token_sums[key].get(model)
+            count = token_counts[key].get(model)
+            mean = None if total is None or not count else finite_or_none(total / count)
+            tokens[key] = {
+                "mean": mean,
+                **_quantiles(token_buckets[key].get(model), (TOKEN_QUANTILE,), sem),
+            }
+        out[model] = {"quantiles": quantiles, "tokens_per_request": tokens}
+    return out

@@ -1,0 +1,497 @@
+"""The scaling recommendation for one pool: the seed's policy as a pure function.
+
+The policy (every number from ``ScalingConfig``; see ``docs/scaling.md``):
+
+* **Scale out** when ANY signal is over its threshold — KV-cache usage > 0.80, queue length
+  > 50, TTFT p95 > 0.80 × the TTFT SLO threshold — *or* its least-squares projection over the
+  GPU spin-up time (3 min) is. The desired count is proportional to the worst signal:
+  ``clamp(max(current + 1, ceil(current × worst value / threshold)), min, max)``.
+* **Scale in** by one replica only when ALL of: KV-cache usage < 0.30 and queue length <= 0 at
+  every sample of the last ``scale_in_hold`` (10 min), with the data covering that whole span.
+  A projection never causes a scale-in.
+* **Cooldown:** no new decision within ``cooldown`` (5 min) of a scale-out.
+
+Everything here is pure: the signals come in as timelines, the time as ``now`` and the last
+scale-out as a timestamp, so a test (or a replay of history) gets the same answer every time.
+``slo.signals`` turns a ``Source`` into these inputs.
+
+Units: times are Unix seconds, durations seconds, KV-cache usage a ratio 0-1, queue length a
+number of requests, TTFT seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+from vigil.config import PoolConfig, ScalingConfig
+from vigil.durations import format_duration
+
+__all__ = [
+    "DEFAULT_FIT_WINDOW_S",
+    "DEFAULT_MAX_AGE_S",
+    "SIGNAL_COOLDOWN",
+    "SIGNAL_KV",
+    "SIGNAL_MAX_REPLICAS",
+    "SIGNAL_MIN_REPLICAS",
+    "SIGNAL_QUEUE",
+    "SIGNAL_SCALE_IN_HOLD",
+    "SIGNAL_TTFT",
+    "Action",
+    "Reason",
+    "Recommendation",
+    "Timeline",
+    "Trend",
+    "decide",
+    "fit_window_for",
+    "latest",
+    "trend",
+]
+
+#: ``(Unix seconds, value)`` samples of one signal, in any order (sorted on use).
+Timeline = list[tuple[float, float]]
+
+Action = Literal["scale_out", "scale_in", "hold"]
+
+# Signal names: the keys of ``Recommendation.signals`` and ``Reason.signal``.
+SIGNAL_KV = "kv_cache_usage"
+SIGNAL_QUEUE = "queue_length"
+SIGNAL_TTFT = "ttft_p95_seconds"
+# Pseudo-signals: reasons that are about the decision, not the load.
+SIGNAL_COOLDOWN = "cooldown"
+SIGNAL_MAX_REPLICAS = "max_replicas"
+SIGNAL_MIN_REPLICAS = "min_replicas"
+SIGNAL_SCALE_IN_HOLD = "scale_in_hold"
+
+#: Least-squares fit window (seconds) when the spin-up time is shorter: five minutes of
+#: 15-second samples (21 points) is enough to tell a trend from scrape-to-scrape noise.
+DEFAULT_FIT_WINDOW_S = 300.0
+
+#: A signal whose newest sample is older than this (seconds) is missing, as PromQL's default
+#: lookback makes a series absent; also the largest gap tolerated inside a scale-in hold.
+DEFAULT_MAX_AGE_S = 300.0
+
+_LABELS = {
+    SIGNAL_KV: "KV-cache usage",
+    SIGNAL_QUEUE: "queue length",
+    SIGNAL_TTFT: "TTFT p95",
+}
+
+# ceil() of a ratio such as 1.9999999999999998 (0.8 × 0.8 is 0.6400000000000001) must not
+# add a replica for float noise: round to this many decimals first.
+_CEIL_DECIMALS = 9
+
+
+def fit_window_for(scaling: ScalingConfig) -> float:
+    """The least-squares fit window (seconds): at least ``DEFAULT_FIT_WINDOW_S`` and at least
+    the spin-up time, so that we never extrapolate further ahead than we have looked back."""
+    return max(DEFAULT_FIT_WINDOW_S, float(scaling.spinup))
+
+
+class Trend(NamedTuple):
+    """A least-squares line through a timeline: ``value(t) = at_now + slope_per_s × (t - now)``."""
+
+    slope_per_s: float  #: Signal units per second.
+    at_now: float  #: The fitted value at ``now`` (the line's intercept at ``now``).
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One reason of a recommendation, with the numbers behind it.
+
+    ``signal`` is a ``SIGNAL_*`` name; ``value`` the observed value (for scale-in: the largest
+    value in the hold window; for the cooldown: seconds since the scale-out; for the replica
+    bounds: the current replica count); ``threshold`` what it was compared with;
+    ``comparison`` the operator that held (``">"``, ``"<"``, ``"<="``, ``">="``);
+    ``projected`` the least-squares projection ``horizon_s`` ahead (None when no projection is
+    involved). ``trend_per_s`` is the fitted slope (units per second), ``window_s`` the span a
+    held condition covers (seconds).
+    """
+
+    signal: str
+    value: float
+    threshold: float
+    projected: float | None
+    comparison: str
+    trend_per_s: float | None = None
+    horizon_s: float | None = None
+    window_s: float | None = None
+
+    @property
+    def text(self) -> str:
+        """A one-line human explanation, e.g. ``"KV-cache usage 0.86 > 0.80"``."""
+        if self.signal == SIGNAL_COOLDOWN:
+            left = max(0.0, self.threshold - self.value)
+            return (
+                f"cooldown: last scale-out {format_duration(self.value)} ago "
+                f"< {format_duration(self.threshold)}, next decision in {format_duration(left)}"
+            )
+        if self.signal in (SIGNAL_MAX_REPLICAS, SIGNAL_MIN_REPLICAS):
+            at = "at" if self.comparison in (">=", "<=") else (
+                "above" if self.comparison == ">" else "below"
+            )
+            return (
+                f"{at} {self.signal}: {_count(self.value)} replicas {self.comparison} "
+                f"{_count(self.threshold)}"
+            )
+        if self.signal == SIGNAL_SCALE_IN_HOLD:
+            return (
+                f"scale-in conditions held for {format_duration(self.value)} "
+                f"{self.comparison} {format_duration(self.threshold)}"
+            )
+        label = _LABELS.get(self.signal, self.signal)
+        value = _fmt(self.signal, self.value)
+        threshold = _fmt(self.signal, self.threshold)
+        if self.window_s is not None:  # a held scale-in condition: value is the window's max
+            return (
+                f"{label} max {value} {self.comparison} {threshold} "
+                f"over {format_duration(self.window_s)}"
+            )
+        if self.projected is None:
+            return f"{label} {value} {self.comparison} {threshold}"
+        horizon = format_duration(self.horizon_s or 0.0)
+        slope = _per_min(self.trend_per_s or 0.0)
+        projected = _fmt(self.signal, self.projected)
+        if _compare(self.value, self.comparison, self.threshold):
+            return (f"{label} {value} {self.comparison} {threshold} "
+                    f"(projected {projected} in {horizon}, trend {slope}/min)")
+        # The projection alone triggered: lead with it, the current value last.
+        return (f"{label} projected {projected} {self.comparison} {threshold} in {horizon} "
+                f"(trend {slope}/min; now {value})")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields plus ``text``."""
+        return {
+            "signal": self.signal,
+            "value": self.value,
+            "threshold": self.threshold,
+            "projected": self.projected,
+            "comparison": self.comparison,
+            "trend_per_s": self.trend_per_s,
+            "horizon_s": self.horizon_s,
+            "window_s": self.window_s,
+            "text": self.text,
+        }
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What to do with one pool now.
+
+    ``current``/``desired`` are replica counts; ``action`` is ``"scale_out"`` exactly when
+    ``desired > current``, ``"scale_in"`` when ``desired < current``, else ``"hold"``.
+    ``next_decision_at`` (Unix seconds) is when a new decision is allowed: ``now`` outside the
+    cooldown, the end of the cooldown inside it. ``signals`` holds the current value of each
+    signal (None when missing): ``kv_cache_usage`` (ratio 0-1, mean over replicas),
+    ``queue_length`` (requests, sum over replicas), ``ttft_p95_seconds``; ``slo.signals`` adds
+    ``kv_cache_usage_max`` (the busiest replica, for display only).
+    """
+
+    pool: str
+    current: int
+    desired: int
+    action: Action
+    reasons: list[Reason]
+    next_decision_at: float | None
+    signals: dict[str, float | None] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``reasons`` as text, ``reason_details`` with the numbers."""
+        return {
+            "pool": self.pool,
+            "current": self.current,
+            "desired": self.desired,
+            "action": self.action,
+            "reasons": [r.text for r in self.reasons],
+            "reason_details": [r.to_dict() for r in self.reasons],
+            "next_decision_at": self.next_decision_at,
+            "signals": dict(self.signals),
+        }
+
+
+# --- small helpers ------------------------------------------------------------------------
+
+
+def _count(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _fmt(signal: str, x: float) -> str:
+    """A value in its signal's customary precision."""
+    if signal == SIGNAL_KV:
+        return f"{x:.2f}"
+    if signal == SIGNAL_TTFT:
+        return f"{x:.3f} s"
+    if signal == SIGNAL_QUEUE:
+        # Whole requests; a fraction only for a small projected or averaged value.
+        return str(round(x)) if abs(x) >= 10 or abs(x - round(x)) < 0.05 else f"{x:.1f}"
+    return f"{x:g}"
+
+
+def _per_min(slope_per_s: float) -> str:
+    """A slope per minute with a sign and two significant digits (``+4.1``, ``+0.03``)."""
+    x = slope_per_s * 60.0
+    if x == 0:
+        return "+0"
+    if abs(x) >= 10:
+        return f"{x:+.0f}"
+    if abs(x) >= 1:
+        return f"{x:+.1f}"
+    digits = max(2, 1 - math.floor(math.log10(abs(x))))
+    return f"{x:+.{digits}f}"
+
+
+def _compare(a: float, op: str, b: float) -> bool:
+    return {">": a > b, ">=": a >= b, "<": a < b, "<=": a <= b}.get(op, False)
+
+
+def _clean(timeline: Iterable[tuple[float, float]] | None, now: float) -> Timeline:
+    """Finite samples at or before ``now``, sorted by time (future samples are clock skew)."""
+    if not timeline:
+        return []
+    return sorted(
+        (float(t), float(v))
+        for t, v in timeline
+        if math.isfinite(t) and math.isfinite(v) and t <= now
+    )
+
+
+def latest(timeline: Timeline | None, now: float,
+           max_age_s: float = DEFAULT_MAX_AGE_S) -> float | None:
+    """The newest finite value at or before ``now`` and younger than ``max_age_s``; else None."""
+    pts = _clean(timeline, now)
+    if not pts or pts[-1][0] <= now - max_age_s:
+        return None
+    return pts[-1][1]
+
+
+def trend(timeline: Timeline | None, now: float, fit_window_s: float) -> Trend | None:
+    """Ordinary least squares over the finite samples with ``now - fit_window_s <= t <= now``.
+
+    Returns ``Trend(slope per second, fitted value at now)``, or None with fewer than 3
+    samples (two points are a line through noise, not a trend) or when all samples share one
+    timestamp. Time is centred on ``now`` before fitting: squared Unix seconds (~3e18) would
+    lose the sub-second digits in float64.
+    """
+    if not math.isfinite(now) or not fit_window_s > 0:
+        raise ValueError(f"need a finite now and a fit window > 0 s, got {now!r}, "
+                         f"{fit_window_s!r}")
+    pts = [(t - now, v) for t, v in _clean(timeline, now) if t >= now - fit_window_s]
+    n = len(pts)
+    if n < 3:
+        return None
+    mx = math.fsum(x for x, _ in pts) / n
+    my = math.fsum(y for _, y in pts) / n
+    sxx = math.fsum((x - mx) ** 2 for x, _ in pts)
+    if sxx == 0:
+        return None
+    sxy = math.fsum((x - mx) * (y - my) for x, y in pts)
+    slope = sxy / sxx
+    return Trend(slope, my - slope * mx)
+
+
+def _held_since(
+    pts: Timeline, now: float, ok: Callable[[float], bool], max_gap_s: float
+) -> float | None:
+    """The start of the unbroken run of ``ok`` samples that ends at the newest sample.
+
+    The run is broken by a sample that is not ``ok`` or by a gap longer than ``max_gap_s``
+    (no data is not "low"). None when the newest sample is stale or not ``ok``.
+    """
+    if not pts or pts[-1][0] <= now - max_gap_s or not ok(pts[-1][1]):
+        return None
+    start = pts[-1][0]
+    for t, v in reversed(pts[:-1]):
+        if start - t > max_gap_s or not ok(v):
+            break
+        start = t
+    return start
+
+
+class _Signal(NamedTuple):
+    name: str
+    timeline: Timeline
+    threshold: float
+
+
+def _ratio(value: float, threshold: float) -> float | None:
+    """``value / threshold`` for proportional sizing; None for a zero threshold (any value is
+    "infinitely" over it, so only the minimum step of +1 is justified)."""
+    return value / threshold if threshold > 0 else None
+
+
+def _desired_out(current: int, ratio: float | None, pool: PoolConfig) -> int:
+    target = current + 1
+    if ratio is not None and math.isfinite(ratio):
+        target = max(target, math.ceil(round(current * ratio, _CEIL_DECIMALS)))
+    return min(max(target, pool.min_replicas), pool.max_replicas)
+
+
+def _action(current: int, desired: int) -> Action:
+    if desired > current:
+        return "scale_out"
+    if desired < current:
+        return "scale_in"
+    return "hold"
+
+
+# --- the policy -----------------------------------------------------------------------------
+
+
+def decide(
+    kv: Timeline | None,
+    queue: Timeline | None,
+    ttft_p95: Timeline | None,
+    *,
+    now: float,
+    current: int,
+    pool: PoolConfig,
+    scaling: ScalingConfig,
+    ttft_threshold_s: float,
+    last_scale_out_at: float | None,
+    last_scale_in_at: float | None = None,
+    fit_window_s: float | None = None,
+    max_age_s: float = DEFAULT_MAX_AGE_S,
+) -> Recommendation:
+    """The seed's scaling policy for one pool at ``now`` (Unix seconds).
+
+    ``kv`` is the pool's KV-cache usage (ratio 0-1, mean over replicas), ``queue`` its queue
+    length (waiting requests, sum over replicas), ``ttft_p95`` its TTFT p95 (seconds); each a
+    timeline of ``(Unix seconds, value)``, None or empty when the signal is missing (it then
+    triggers nothing and is reported as None). ``current`` is the number of ready replicas;
+    ``ttft_threshold_s`` the TTFT SLO threshold (seconds; scale-out happens above
+    ``scaling.scale_out_ttft_ratio`` of it). ``last_scale_out_at`` starts the cooldown;
+    ``last_scale_in_at`` (optional) restarts the scale-in hold, so that one quiet stretch
+    removes one replica rather than one per evaluation. ``fit_window_s`` defaults to
+    ``fit_window_for(scaling)``; a signal whose newest sample is older than ``max_age_s`` is
+    missing, and a scale-in hold may not contain a gap longer than that.
+
+    Order of precedence: replica bounds (a count outside ``[min_replicas, max_replicas]`` is
+    brought back inside, cooldown or not), then the cooldown, then scale-out, then scale-in.
+    Raises ValueError for a negative ``current``, a non-finite ``now``, or a TTFT threshold,
+    ``max_age_s`` or ``fit_window_s`` that is not > 0.
+    """
+    if not math.isfinite(now):
+        raise ValueError(f"now must be a finite Unix time in seconds, not {now!r}")
+    if isinstance(current, bool) or not isinstance(current, int) or current < 0:
+        raise ValueError(f"current must be a replica count >= 0, not {current!r}")
+    if not (math.isfinite(ttft_threshold_s) and ttft_threshold_s > 0):
+        raise ValueError(f"ttft_threshold_s must be > 0 seconds, not {ttft_threshold_s!r}")
+    if not max_age_s > 0:
+        raise ValueError(f"max_age_s must be > 0 seconds, not {max_age_s!r}")
+    fit_window = fit_window_for(scaling) if fit_window_s is None else float(fit_window_s)
+    if not (math.isfinite(fit_window) and fit_window > 0):
+        raise ValueError(f"fit_window_s must be > 0 seconds, not {fit_window_s!r}")
+    spinup = float(scaling.spinup)
+
+    signals = [
+        _Signal(SIGNAL_KV, _clean(kv, now), float(scaling.scale_out_kv_usage)),
+        _Signal(SIGNAL_QUEUE, _clean(queue, now), float(scaling.scale_out_queue_length)),
+        _Signal(SIGNAL_TTFT, _clean(ttft_p95, now),
+                float(scaling.scale_out_ttft_ratio) * ttft_threshold_s),
+    ]
+    values = {s.name: latest(s.timeline, now, max_age_s) for s in signals}
+
+    # Scale-out triggers: the current value, or the projection of a *rising* trend (a falling
+    # line that is still over the threshold at now+spinup says the latest sample dropped
+    # below; that is not a reason to buy a GPU).
+    triggers: list[Reason] = []
+    worst: float | None = None
+    for s in signals:
+        value = values[s.name]
+        if value is None:
+            continue  # missing: never triggers anything
+        fitted = trend(s.timeline, now, fit_window)
+        projected = slope = None
+        if fitted is not None and fitted.slope_per_s > 0:
+            p = fitted.at_now + fitted.slope_per_s * spinup
+            if s.name == SIGNAL_KV:
+                # Usage cannot exceed 1: a steeper line means "full, then queueing", which
+                # the queue signal measures; sizing on 1.3 × a full cache would overshoot.
+                p = min(p, 1.0)
+            if p > s.threshold:
+                projected, slope = p, fitted.slope_per_s
+        if value <= s.threshold and projected is None:
+            continue
+        triggers.append(Reason(
+            s.name, value, s.threshold, projected, ">", trend_per_s=slope,
+            horizon_s=None if projected is None else spinup,
+        ))
+        # Size for the larger of now and the projection: new replicas arrive at now + spinup.
+        over = max(v for v in (value, projected) if v is not None and v > s.threshold)
+        r = _ratio(over, s.threshold)
+        if r is not None:
+            worst = r if worst is None else max(worst, r)
+
+    # The cooldown ends `cooldown` after the scale-out; exactly at that instant decisions
+    # are allowed again ("within 5 min" is a strict inequality).
+    next_at = now
+    cooldown_reason = None
+    if last_scale_out_at is not None and now - last_scale_out_at < scaling.cooldown:
+        next_at = last_scale_out_at + scaling.cooldown
+        # A scale-out stamped in the future (clock skew) counts as "just now".
+        elapsed = max(0.0, now - last_scale_out_at)
+        cooldown_reason = Reason(SIGNAL_COOLDOWN, elapsed, float(scaling.cooldown), None, "<")
+    in_cooldown = cooldown_reason is not None
+    lo, hi = pool.min_replicas, pool.max_replicas
+
+    def result(desired: int, reasons: list[Reason]) -> Recommendation:
+        return Recommendation(
+            pool=pool.name, current=current, desired=desired,
+            action=_action(current, desired), reasons=reasons,
+            next_decision_at=next_at, signals=dict(values),
+        )
+
+    # 1. Bounds: the configured floor and ceiling are not load decisions; they hold always.
+    if current < lo:
+        desired = lo
+        reasons = [Reason(SIGNAL_MIN_REPLICAS, float(current), float(lo), None, "<")]
+        if triggers and not in_cooldown:
+            desired = max(lo, _desired_out(current, worst, pool))
+            reasons += triggers
+        return result(desired, reasons)
+    if current > hi:
+        return result(hi, [Reason(SIGNAL_MAX_REPLICAS, float(current), float(hi), None, ">")])
+
+    # 2. Cooldown: hold, and show what would have triggered so the pressure stays visible.
+    if cooldown_reason is not None:
+        return result(current, [cooldown_reason, *triggers])
+
+    # 3. Scale out on ANY trigger.
+    if triggers:
+        desired = _desired_out(current, worst, pool)
+        if desired <= current:  # current == max_replicas
+            at_max = Reason(SIGNAL_MAX_REPLICAS, float(current), float(hi), None, ">=")
+            return result(current, [*triggers, at_max])
+        return result(desired, triggers)
+
+    # 4. Scale in only when ALL conditions held for the whole hold span, on samples (never on
+    #    a projection), and since the last scale-in.
+    hold = float(scaling.scale_in_hold)
+    kv_pts, queue_pts = signals[0].timeline, signals[1].timeline
+    kv_since = _held_since(kv_pts, now, lambda v: v < scaling.scale_in_kv_usage, max_age_s)
+    queue_since = _held_since(queue_pts, now, lambda v: v <= scaling.scale_in_queue_length,
+                              max_age_s)
+    if kv_since is None or queue_since is None:
+        return result(current, [])
+    since = max(kv_since, queue_since)
+    if last_scale_in_at is not None:
+        since = max(since, last_scale_in_at)
+    held = max(0.0, now - since)
+    if held < hold:
+        return result(current, [Reason(SIGNAL_SCALE_IN_HOLD, held, hold, None, "<")])
+    window_start = now - hold
+    low = [
+        Reason(SIGNAL_KV, max(v for t, v in kv_pts if t >= window_start),
+               float(scaling.scale_in_kv_usage), None, "<", window_s=hold),
+        Reason(SIGNAL_QUEUE, max(v for t, v in queue_pts if t >= window_start),
+               float(scaling.scale_in_queue_length), None, "<=", window_s=hold),
+    ]
+    if current <= lo:
+        return result(current, [*low, Reason(SIGNAL_MIN_REPLICAS, float(current), float(lo),
+                                             None, "<=")])
+    # One replica at a time: the hold was measured with `current` replicas; after removing
+    # one, the survivors carry its share, and the next step needs a fresh 10-minute hold.
+    return result(current - 1, low)

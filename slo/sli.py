@@ -1,0 +1,223 @@
+"""SLIs: the error ratio (bad / total, a ratio 0-1) of one SLO over one window.
+
+``error_ratio(spec, source, at_s, window_s)`` answers from vLLM's own metrics through a
+``Source`` (PromQL equivalents in ``docs/slo-engine.md``):
+
+* ``ttft`` / ``e2e``: ``1 - histogram_fraction(-Inf, threshold, sum(increase(x_bucket[w])))``
+  over the pool's vLLM series of the SLO's model. A threshold that is not a bucket bound (the
+  seed's 0.8 s TTFT and 8 s e2e are not) is interpolated inside its bucket: ``interpolated``
+  says so, because such an SLI is an estimate, not a count.
+* ``error_rate``: ``increase(vllm:request_success_total{finished_reason="error"})`` over the
+  increase of all finished requests. ``abort`` (aborted by the server) is a finished, non-error
+  request and stays in the denominator; client disconnects are not counted by vLLM at all.
+* ``availability``: ``1 - avg(avg_over_time(up{pool, kind="vllm"}[w]))``: the share of scrape
+  time the pool's vLLM targets were down.
+
+No data is ``None`` (with a ``reason``), never 0: an idle pool has no error ratio, it does not
+have a perfect one.
+
+vLLM's metrics carry no endpoint label (chat vs completions), so an SLO for one endpoint needs
+the gateway's per-request log: ``RequestLog`` is that seam. Without a log such an SLI is
+``None``; it never falls back to the all-endpoints numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import NamedTuple, Protocol, runtime_checkable
+
+from slo.embedded import avg_aggregate
+from slo.quantile import Bucket, bucket_fraction_below
+from slo.source import Source
+from slo.spec import SloSpec
+from vigil.conventions import (
+    ENDPOINT_ALL,
+    FINISHED_REASON_ERROR,
+    KIND_VLLM,
+    LABEL_FINISHED_REASON,
+    LABEL_KIND,
+    LABEL_MODEL_NAME,
+    LABEL_POOL,
+    SERIES_UP,
+    VLLM_E2E,
+    VLLM_REQUEST_SUCCESS,
+    VLLM_TTFT,
+)
+
+__all__ = [
+    "REASON_ENDPOINT",
+    "REASON_ENDPOINT_AVAILABILITY",
+    "REASON_NO_DATA",
+    "REASON_NO_REQUESTS",
+    "RequestLog",
+    "RequestRecord",
+    "SliResult",
+    "error_ratio",
+    "inf_bucket_count",
+    "vllm_matchers",
+]
+
+REASON_NO_DATA = "no data in the window"
+REASON_NO_REQUESTS = "no requests in the window"
+REASON_ENDPOINT = "per-endpoint SLIs need the gateway's request log"
+REASON_ENDPOINT_AVAILABILITY = "availability is measured per replica (up), which has no endpoint"
+
+
+class SliResult(NamedTuple):
+    """One SLI evaluation.
+
+    ``error_ratio``: bad / total as a ratio 0-1 (bad time / time for availability), ``None``
+    when there is no data; ``total``: the number of events (requests) it is based on, ``None``
+    for availability and when unknown; ``interpolated``: the latency threshold fell inside a
+    histogram bucket, so the ratio is an estimate; ``reason``: why ``error_ratio`` is ``None``
+    ("" otherwise).
+    """
+
+    error_ratio: float | None
+    total: float | None = None
+    interpolated: bool = False
+    reason: str = ""
+
+
+class RequestRecord(NamedTuple):
+    """One finished request from the gateway's log (the seam for per-endpoint SLIs and
+    per-request anomalies; the gateway's issue will produce these).
+
+    ``ts_s``: when it finished, Unix seconds; ``ttft_s``/``e2e_s``: seconds, ``None`` when
+    unknown (e.g. no first token); ``error``: a server-side failure (5xx, timeout, OOM) — a
+    client cancellation is not an error.
+    """
+
+    id: str
+    ts_s: float
+    pool: str
+    model: str
+    endpoint: str
+    prompt_tokens: int
+    generated_tokens: int
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    error: bool = False
+
+
+@runtime_checkable
+class RequestLog(Protocol):
+    """The gateway's per-request log, read over a window."""
+
+    def records(self, pool: str, at_s: float, window_s: float) -> Iterable[RequestRecord]:
+        """The pool's requests that finished in ``(at_s - window_s, at_s]``."""
+        ...
+
+
+def vllm_matchers(pool: str, model: str | None = None) -> dict[str, str]:
+    """Label matchers for the vLLM series of one pool (and model): ``{pool, kind="vllm"[,
+    model_name]}``."""
+    m = {LABEL_POOL: pool, LABEL_KIND: KIND_VLLM}
+    if model is not None:
+        m[LABEL_MODEL_NAME] = model
+    return m
+
+
+def inf_bucket_count(buckets: Iterable[Bucket]) -> float | None:
+    """The ``+Inf`` bucket's count (all observations), ``None`` without one."""
+    counts = [c for le, c in buckets if math.isinf(le) and le > 0]
+    return math.fsum(counts) if counts else None
+
+
+def _latency(spec: SloSpec, source: Source, at_s: float, window_s: float) -> SliResult:
+    metric = VLLM_TTFT if spec.indicator == "ttft" else VLLM_E2E
+    threshold = float(spec.threshold_seconds or 0.0)  # checked by error_ratio
+    groups = source.bucket_increase(metric, vllm_matchers(spec.pool, spec.model), at_s, window_s)
+    buckets = groups.get(())
+    if not buckets:
+        return SliResult(None, reason=REASON_NO_DATA)
+    total = inf_bucket_count(buckets)
+    good, interpolated = bucket_fraction_below(threshold, buckets)
+    if total is None or math.isnan(good):
+        # No +Inf bucket (PromQL gives NaN) or no observation at all.
+        reason = REASON_NO_REQUESTS if total == 0 else REASON_NO_DATA
+        return SliResult(None, total, reason=reason)
+    return SliResult(1.0 - good, total, interpolated)
+
+
+def _error_rate(spec: SloSpec, source: Source, at_s: float, window_s: float) -> SliResult:
+    m = vllm_matchers(spec.pool, spec.model)
+    total = source.increase(VLLM_REQUEST_SUCCESS, m, at_s, window_s).get(())
+    if total is None:
+        return SliResult(None, reason=REASON_NO_DATA)
+    if total <= 0:
+        return SliResult(None, total, reason=REASON_NO_REQUESTS)
+    bad_m = {**m, LABEL_FINISHED_REASON: FINISHED_REASON_ERROR}
+    # vLLM exports every finished_reason child from startup; should the error child be missing
+    # while others are present, there were no errors (PromQL: `... or vector(0)`).
+    bad = source.increase(VLLM_REQUEST_SUCCESS, bad_m, at_s, window_s).get((), 0.0)
+    return SliResult(bad / total, total)
+
+
+def _availability(spec: SloSpec, source: Source, at_s: float, window_s: float) -> SliResult:
+    # `up` carries no model_name: a pool's targets serve its model, so the pool is the unit.
+    per_target = source.avg_over_time(SERIES_UP, vllm_matchers(spec.pool), at_s, window_s)
+    mean = avg_aggregate(per_target, source.semantics)
+    if mean is None or math.isnan(mean):
+        return SliResult(None, reason=REASON_NO_DATA)
+    return SliResult(1.0 - mean)
+
+
+def _from_request_log(
+    spec: SloSpec, log: RequestLog, at_s: float, window_s: float
+) -> SliResult:
+    """An SLI counted request by request (exact, never interpolated)."""
+    if spec.indicator == "availability":
+        return SliResult(None, reason=REASON_ENDPOINT_AVAILABILITY)
+    records = [
+        r for r in log.records(spec.pool, at_s, window_s)
+        if r.model == spec.model and (spec.endpoint == ENDPOINT_ALL or r.endpoint == spec.endpoint)
+    ]
+    if spec.is_latency:
+        threshold = spec.threshold_seconds
+        latencies = [r.ttft_s if spec.indicator == "ttft" else r.e2e_s for r in records]
+        observed = [v for v in latencies if v is not None]
+        total = float(len(observed))
+        bad = float(sum(1 for v in observed if threshold is not None and v > threshold))
+    else:
+        total = float(len(records))
+        bad = float(sum(1 for r in records if r.error))
+    if total == 0:
+        return SliResult(None, total, reason=REASON_NO_REQUESTS)
+    return SliResult(bad / total, total)
+
+
+_FROM_METRICS = {
+    "ttft": _latency,
+    "e2e": _latency,
+    "error_rate": _error_rate,
+    "availability": _availability,
+}
+
+
+def error_ratio(
+    spec: SloSpec,
+    source: Source,
+    at_s: float,
+    window_s: float,
+    *,
+    request_log: RequestLog | None = None,
+) -> SliResult:
+    """The error ratio (0-1) of ``spec`` over ``(at_s - window_s, at_s]`` (Unix seconds).
+
+    Endpoint ``"all"`` reads vLLM's metrics from ``source``; a single endpoint needs
+    ``request_log`` and is ``None`` (with ``REASON_ENDPOINT``) without one.
+    """
+    if spec.indicator not in _FROM_METRICS:
+        raise ValueError(f"SLO {spec.name!r}: unknown indicator {spec.indicator!r}")
+    if window_s <= 0:
+        raise ValueError(f"SLO {spec.name!r}: the window must be positive, not {window_s!r} s")
+    if spec.is_latency and spec.threshold_seconds is None:
+        # effective_slos always fills it in; a spec built by hand may not.
+        raise ValueError(f"SLO {spec.name!r}: a {spec.indicator} SLO needs threshold_seconds")
+    if spec.endpoint != ENDPOINT_ALL:
+        if request_log is None:
+            return SliResult(None, reason=REASON_ENDPOINT)
+        return _from_request_log(spec, request_log, at_s, window_s)
+    return _FROM_METRICS[spec.indicator](spec, source, at_s, window_s)

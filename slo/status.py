@@ -1,0 +1,186 @@
+"""``evaluate``: the whole fleet's SLO status at one instant, as one JSON-ready dict.
+
+It composes the small modules: per pool the per-model quantiles (``slo.quantiles``), KV-cache
+usage and queue length (instant lookups), cost (``slo.cost``) and the scaling recommendation
+(``slo.scaling``); per SLO the windows, burn rates, budget and alerts (``slo.burn_rate``); the
+token anomalies (``slo.anomaly``). A value that cannot be computed is ``None`` (JSON ``null``),
+never 0; NaN and ±Inf never reach the output.
+
+The evaluation time is always passed in: nothing under ``slo/`` reads a clock.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from slo.aggregate import sum_by
+from slo.anomaly import pool_anomalies
+from slo.burn_rate import evaluate_slo
+from slo.cost import pool_cost
+from slo.embedded import avg_aggregate
+from slo.lookup import SemanticsLike
+from slo.quantiles import model_quantiles
+from slo.sli import RequestLog, vllm_matchers
+from slo.source import Source
+from slo.spec import effective_slos
+from vigil.config import Config, PoolConfig
+from vigil.conventions import (
+    LABEL_INSTANCE,
+    SERIES_UP,
+    SOURCE_PROMETHEUS,
+    VLLM_KV_CACHE_USAGE,
+    VLLM_REQUESTS_WAITING,
+)
+from vigil.durations import format_duration
+from vigil.model import Labels
+
+__all__ = ["evaluate", "json_safe", "pool_status", "source_kind"]
+
+#: Where ``recommend_for_pool`` lives (first found wins); absent, ``"scaling"`` is null.
+_SCALING_MODULES = ("slo.signals", "slo.scaling")
+
+
+def source_kind(source: Source) -> str:
+    """``"embedded"`` or ``"prometheus"``: the source's ``kind`` attribute if it has one."""
+    kind = getattr(source, "kind", None)
+    if isinstance(kind, str) and kind:
+        return kind
+    if type(source).__module__ == "slo.prometheus":
+        return SOURCE_PROMETHEUS
+    return type(source).__name__
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN/±Inf float replaced by ``None`` and numpy scalars made plain
+    (dicts, lists and tuples are walked; tuples become lists)."""
+    if isinstance(value, Mapping):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, int | str):
+        return value
+    if isinstance(value, float) or hasattr(value, "__float__"):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    return value
+
+
+def _max(vector: Mapping[Labels, float]) -> float | None:
+    """PromQL ``max(v)``: NaN loses to any number (engine.go: ``group.value < v || isNaN``)."""
+    out: float | None = None
+    for labels in sorted(vector):
+        v = vector[labels]
+        if out is None or out < v or math.isnan(out):
+            out = v
+    return out
+
+
+def _recommender() -> Callable[..., Any] | None:
+    """``recommend_for_pool`` from ``slo.signals`` (or ``slo.scaling``); ``None`` while neither
+    provides it (they are written separately). Imported lazily so ``slo.status`` loads
+    without them."""
+    for name in _SCALING_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            if exc.name not in _SCALING_MODULES:
+                raise  # a genuine import error inside those modules must not be hidden
+            continue
+        recommend = getattr(module, "recommend_for_pool", None)
+        if callable(recommend):
+            return recommend
+    return None
+
+
+def _scaling(source: Source, config: Config, pool: PoolConfig, at_s: float) -> Any:
+    """``recommend_for_pool(...).to_dict()``, or ``None`` while it is not available."""
+    recommend = _recommender()
+    if recommend is None:
+        return None
+    rec = recommend(source, config, pool, at_s, step_s=config.collector.scrape_interval)
+    return rec.to_dict()
+
+
+def _per_instance(
+    vector: Mapping[Labels, float], semantics: SemanticsLike
+) -> dict[Labels, float]:
+    """PromQL ``avg by (instance) (v)``: a replica with several series (one per data-parallel
+    engine) counts once, with the mean of its engines, as the scaling signals count it."""
+    groups: dict[Labels, dict[Labels, float]] = {}
+    for labels, value in vector.items():
+        key = tuple((k, v) for k, v in labels if k == LABEL_INSTANCE)
+        groups.setdefault(key, {})[labels] = value
+    out: dict[Labels, float] = {}
+    for key, members in groups.items():
+        mean = avg_aggregate(members, semantics)
+        if mean is not None:
+            out[key] = mean
+    return out
+
+
+def pool_status(
+    config: Config, source: Source, pool: PoolConfig, at_s: float, window_s: float
+) -> dict[str, Any]:
+    """One pool's block: models (quantiles, tokens), KV cache, queue, cost, scaling."""
+    m = vllm_matchers(pool.name)
+    sem = source.semantics
+    models = {pool.model} | {s.model for s in effective_slos(config) if s.pool == pool.name}
+    kv = _per_instance(source.instant(VLLM_KV_CACHE_USAGE, m, at_s), sem)
+    waiting = source.instant(VLLM_REQUESTS_WAITING, m, at_s)
+    up = source.instant(SERIES_UP, m, at_s)
+    return {
+        "models": model_quantiles(source, pool.name, at_s, window_s, models=models),
+        # avg/max over the pool's replicas of their latest value (ratio 0-1)
+        "kv_cache_usage": {"avg": avg_aggregate(kv, sem), "max": _max(kv)},
+        # sum(vllm:num_requests_waiting{pool}): requests waiting, deferred ones included
+        "queue_length": sum_by(waiting, (), sem).get(()),
+        "replicas_up": sum(1 for v in up.values() if v == 1) if up else None,
+        "cost": pool_cost(source, config, pool, at_s),
+        "scaling": _scaling(source, config, pool, at_s),
+    }
+
+
+def evaluate(
+    config: Config,
+    source: Source,
+    at_s: float,
+    *,
+    window_s: float | None = None,
+    request_log: RequestLog | None = None,
+) -> dict[str, Any]:
+    """The status of every pool and SLO at ``at_s`` (Unix seconds).
+
+    ``window_s`` (seconds; default ``[engine] window``) is the window of the quantiles and of
+    each SLO's ``"current"`` ratio; burn-rate windows, periods, the cost window and the anomaly
+    window come from the config. ``request_log`` (the gateway's, when it exists) enables
+    per-endpoint SLIs and per-request anomalies. Returns a JSON-ready dict (see
+    ``docs/slo-engine.md`` for every key).
+    """
+    w = config.engine.window if window_s is None else float(window_s)
+    if not w > 0:
+        raise ValueError(f"the window must be a positive number of seconds, not {window_s!r}")
+    at_s = float(at_s)
+    alerts = config.engine.burn_rate_alerts
+    pools = {p.name: pool_status(config, source, p, at_s, w) for p in config.pools}
+    slos = [
+        evaluate_slo(
+            spec, source, at_s, alerts, current_window_s=w, request_log=request_log
+        ).to_dict()
+        for spec in effective_slos(config)
+    ]
+    anomalies = [
+        a for p in config.pools
+        for a in pool_anomalies(source, config, p, at_s, request_log=request_log)
+    ]
+    return json_safe({
+        "at": at_s,
+        "source": source_kind(source),
+        "promql_semantics": source.semantics.value,
+        "window": format_duration(w),
+        "pools": pools,
+        "slos": slos,
+        "anomalies": anomalies,
+    })

@@ -1,0 +1,108 @@
+"""Per-model quantiles and tokens per request, hand-computed from vLLM's buckets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_slo_fleet import (
+    AT,
+    ITL_LE,
+    LATENCY_LE,
+    MODEL,
+    OTHER_MODEL,
+    TOKENS_LE,
+    TTFT_LE,
+    Fleet,
+    vllm_labels,
+)
+
+from collector.store import Store
+from slo.embedded import EmbeddedSource
+from slo.quantiles import model_quantiles, quantile_key
+
+TTFT = "vllm:time_to_first_token_seconds"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    s = Store(tmp_path / "vigil.db")
+    yield s
+    s.close()
+
+
+def _two_models(store: Store) -> None:
+    fleet = Fleet(store, span_s=600)
+    a, b = vllm_labels("chat-0"), vllm_labels("chat-1", model=OTHER_MODEL)
+    fleet.histogram(TTFT, a, TTFT_LE, [0.2] * 10)  # all in (0.1, 0.25]
+    fleet.histogram(TTFT, b, TTFT_LE, [3.0] * 4)  # all in (2.5, 5.0]
+    fleet.histogram("vllm:e2e_request_latency_seconds", a, LATENCY_LE, [1.2] * 10)
+    fleet.histogram("vllm:request_queue_time_seconds", a, LATENCY_LE, [0.1] * 10)
+    fleet.histogram("vllm:inter_token_latency_seconds", a, ITL_LE, [0.02] * 10)
+    fleet.histogram("vllm:request_generation_tokens", a, TOKENS_LE, [100] * 3 + [300])
+    fleet.histogram("vllm:request_prompt_tokens", a, TOKENS_LE, [1000] * 4)
+    fleet.flush()
+
+
+def test_quantile_keys() -> None:
+    assert [quantile_key(q) for q in (0.5, 0.95, 0.99, 0.999)] == ["p50", "p95", "p99", "p99.9"]
+
+
+def test_quantiles_per_model_in_one_pool(store: Store) -> None:
+    _two_models(store)
+    got = model_quantiles(EmbeddedSource(store), "chat", AT, 300)
+    assert sorted(got) == sorted([MODEL, OTHER_MODEL])
+    ttft = got[MODEL]["quantiles"]["ttft_seconds"]
+    # rank q×N in the bucket (0.1, 0.25] that holds everything: 0.1 + 0.15 × q
+    assert ttft == {"p50": pytest.approx(0.175), "p95": pytest.approx(0.2425),
+                    "p99": pytest.approx(0.2485)}
+    other = got[OTHER_MODEL]["quantiles"]["ttft_seconds"]
+    assert other["p50"] == pytest.approx(2.5 + 2.5 * 0.5)
+    assert got[MODEL]["quantiles"]["window"] == "5m"
+    assert got[MODEL]["quantiles"]["e2e_seconds"]["p50"] == pytest.approx(1.0 + 0.5 * 0.5)
+    assert got[MODEL]["quantiles"]["queue_seconds"]["p99"] == pytest.approx(0.3 * 0.99)
+    assert got[MODEL]["quantiles"]["itl_seconds"]["p50"] == pytest.approx(0.01 + 0.015 * 0.5)
+
+
+def test_a_model_without_a_histogram_has_null_quantiles(store: Store) -> None:
+    _two_models(store)
+    other = model_quantiles(EmbeddedSource(store), "chat", AT, 300)[OTHER_MODEL]
+    assert other["quantiles"]["e2e_seconds"] == {"p50": None, "p95": None, "p99": None}
+    assert other["tokens_per_request"]["generated"] == {"mean": None, "p95": None}
+
+
+def test_tokens_per_request_mean_and_p95(store: Store) -> None:
+    _two_models(store)
+    tokens = model_quantiles(EmbeddedSource(store), "chat", AT, 300)[MODEL]["tokens_per_request"]
+    # generated: 3 × 100 + 300 per 4 requests; p95 rank 3.8 falls in (200, 500] holding 1
+    assert tokens["generated"]["mean"] == pytest.approx(150.0)
+    assert tokens["generated"]["p95"] == pytest.approx(200 + 300 * 0.8)
+    assert tokens["prompt"] == {"mean": pytest.approx(1000.0), "p95": pytest.approx(975.0)}
+
+
+def test_configured_model_without_data_appears_with_nulls(store: Store) -> None:
+    got = model_quantiles(EmbeddedSource(store), "chat", AT, 300, models=[MODEL])
+    assert got == {MODEL: {
+        "quantiles": {
+            "window": "5m",
+            **{k: {"p50": None, "p95": None, "p99": None}
+               for k in ("ttft_seconds", "e2e_seconds", "queue_seconds", "itl_seconds")},
+        },
+        "tokens_per_request": {"generated": {"mean": None, "p95": None},
+                               "prompt": {"mean": None, "p95": None}},
+    }}
+
+
+def test_an_idle_window_gives_null_not_zero(store: Store) -> None:
+    fleet = Fleet(store, span_s=600)
+    fleet.histogram(TTFT, vllm_labels("chat-0"), TTFT_LE, [])  # scraped, nothing observed
+    fleet.histogram("vllm:request_generation_tokens", vllm_labels("chat-0"), TOKENS_LE, [])
+    fleet.flush()
+    got = model_quantiles(EmbeddedSource(store), "chat", AT, 300)[MODEL]
+    assert got["quantiles"]["ttft_seconds"]["p95"] is None
+    assert got["tokens_per_request"]["generated"] == {"mean": None, "p95": None}
+
+
+def test_other_pools_are_not_mixed_in(store: Store) -> None:
+    _two_models(store)
+    assert model_quantiles(EmbeddedSource(store), "batch", AT, 300) == {}
