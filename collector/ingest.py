@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 from collector.exposition import parse
-from collector.store import Store
-
 from collector.scrape import (
     ScrapeResult,
     StorePoint,
@@ -24,6 +22,7 @@ from collector.scrape import (
     points_from_families,
     scrape_points,
 )
+from collector.store import Store
 from vigil.errors import IngestError, ParseError
 from vigil.model import TargetHealth
 

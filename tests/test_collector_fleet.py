@@ -11,10 +11,10 @@ import time
 
 import httpx
 import pytest
-from collector.store import Store
 from helpers import free_port
 
 from collector.service import Collector
+from collector.store import Store
 from vigil.config import parse_config
 
 pytestmark = pytest.mark.slow
