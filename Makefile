@@ -14,11 +14,11 @@ demo: venv
 	$(BIN)/vigil demo
 
 test: venv prometheus
-	$(BIN)/ruff check .
+	$(BIN)/ruff check --no-cache .
 	$(BIN)/pytest
 
 lint: venv
-	$(BIN)/ruff check .
+	$(BIN)/ruff check --no-cache .
 
 bench: venv
 	$(BIN)/python bench/parse_bench.py
