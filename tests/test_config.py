@@ -11,6 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from vigil.config import (
+    AlertRouteConfig,
     BurnRateAlert,
     Config,
     PoolConfig,
@@ -99,13 +100,14 @@ def test_example_documents_every_key_with_a_comment():
             keys_in_file.add(key)
     for field in _fields(Config):
         # tables of their own, checked below
-        if field in ("prices", "pools", "targets", "slos", "engine.burn_rate_alerts"):
+        if field in ("prices", "pools", "targets", "slos", "engine.burn_rate_alerts",
+                     "alerts.routes"):
             continue
         assert field in keys_in_file, f"{field} missing from example"
     # arrays of tables too
     for section, sub in (
         ("pools", PoolConfig), ("targets", TargetConfig), ("slos", SloConfig),
-        ("engine.burn_rate_alerts", BurnRateAlert),
+        ("engine.burn_rate_alerts", BurnRateAlert), ("alerts.routes", AlertRouteConfig),
     ):
         for name in sub.model_fields:
             assert f"{section}.{name}" in keys_in_file, f"{section}.{name} undocumented"

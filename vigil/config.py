@@ -27,6 +27,8 @@ from vigil.errors import ConfigError
 
 __all__ = [
     "DEFAULT_PRICES",
+    "AlertRouteConfig",
+    "AlertsConfig",
     "BurnRateAlert",
     "CollectorConfig",
     "Config",
@@ -254,6 +256,51 @@ class EngineConfig(_Section):
         return v.rstrip("/")
 
 
+class AlertRouteConfig(_Section):
+    """Where matching alerts go, grouped like Alertmanager groups them."""
+
+    name: str = Field(min_length=1)
+    #: Label equality matchers (severity, pool, slo, alertname, ...); empty matches every alert.
+    match: dict[str, str] = {}
+    url: str
+    #: generic JSON | Slack incoming webhook | Alertmanager webhook v4 | Alertmanager API v2.
+    format: Literal["generic", "slack", "alertmanager", "alertmanager_api"] = "generic"
+    #: Environment variable holding the HMAC-SHA256 secret (secrets never live in the file).
+    secret_env: str | None = None
+    timeout: Duration = 10.0
+    group_by: list[str] = ["alertname", "pool", "slo"]
+    group_wait: Duration = 30.0
+    group_interval: Duration = 300.0
+    repeat_interval: Duration = 4 * 3600.0
+    send_resolved: bool = True
+    #: Keep matching later routes after this one (Alertmanager's ``continue``).
+    continue_matching: bool = False
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
+        return v
+
+
+class AlertsConfig(_Section):
+    """Alert evaluation and delivery."""
+
+    #: Linked from every alert's annotations.
+    dashboard_url: str = "http://127.0.0.1:8501"
+    #: A notification still undelivered after this long is given up (and counted) (seconds).
+    max_age: Duration = 24 * 3600.0
+    #: Retry backoff: first delay and cap (seconds); jitter is added.
+    retry_initial: Duration = 1.0
+    retry_max: Duration = 300.0
+    #: A target down for this many consecutive scrapes raises ``TargetDown``.
+    target_down_scrapes: int = Field(default=3, ge=1)
+    #: Error budget remaining below this ratio raises ``ErrorBudgetLow``.
+    budget_low_ratio: Ratio = 0.10
+    routes: list[AlertRouteConfig] = []
+
+
 class Config(_Section):
     """The whole configuration file."""
 
@@ -270,6 +317,7 @@ class Config(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     #: With none, every pool gets the seed's four SLOs (see ``effective_slos``).
     slos: list[SloConfig] = []
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     #: Where the file was read from ("" when built in code); relative store paths resolve here.
     source: str = ""
 
@@ -337,6 +385,10 @@ def _check_references(cfg: Config) -> list[tuple[str, str]]:
             problems.append((f"slos[{i}].threshold_seconds",
                              f"only latency indicators (ttft, e2e) take a threshold, "
                              f"not {slo.indicator!r}"))
+    route_names = [r.name for r in cfg.alerts.routes]
+    for i, r in enumerate(cfg.alerts.routes):
+        if route_names.index(r.name) != i:
+            problems.append((f"alerts.routes[{i}].name", f"duplicate route name {r.name!r}"))
     target_names = [t.name for t in cfg.targets]
     for i, t in enumerate(cfg.targets):
         if target_names.index(t.name) != i:
