@@ -28,7 +28,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Vigil needs Python >= 3.11"' \
 		|| { echo "Vigil needs Python 3.11 or newer as $(PYTHON) (make PYTHON=python3.11 ...)"; exit 1; }
-	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV) || { \
+	@[ -x $(BIN)/pip ] || $(PYTHON) -m venv --clear $(VENV) || { \
 		echo "python3 -m venv failed; installing Debian's python3-venv"; \
 		$(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/pip install -q --upgrade pip
@@ -39,7 +39,10 @@ $(STAMP): pyproject.toml
 prometheus:
 	@command -v promtool >/dev/null 2>&1 || { \
 		echo "promtool not found: installing Debian's prometheus package"; \
-		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends prometheus; }
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends prometheus; \
+		if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
+			echo "disabling the prometheus.service the package enabled (tests start their own on loopback)"; \
+			$(SUDO) systemctl disable --now prometheus prometheus-node-exporter 2>/dev/null || true; fi; }
 
 clean:
 	rm -rf $(VENV) demo-data .pytest_cache .ruff_cache

@@ -9,6 +9,7 @@ store untouched.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +27,14 @@ from collector.store import Store
 from vigil.errors import IngestError, ParseError
 from vigil.model import TargetHealth
 
-__all__ = ["IngestReport", "ingest_files"]
+__all__ = [
+    "IngestReport",
+    "PreparedIngest",
+    "check_at",
+    "ingest_files",
+    "prepare_ingest",
+    "write_ingest",
+]
 
 
 class IngestReport(NamedTuple):
@@ -45,18 +53,36 @@ def _read(name: str) -> bytes:
         raise IngestError(f"{name}: cannot read: {exc.strerror}") from None
 
 
-def ingest_files(
-    store: Store, target: TargetInfo, files: Sequence[str], *, at: float
-) -> IngestReport:
-    """Parse ``files`` (``-`` = stdin) and store them for ``target``; ``at`` is Unix seconds.
+class PreparedIngest(NamedTuple):
+    """Parsed files, ready to write: points, the per-file report, the scrape (if any)."""
 
-    Raises ``IngestError`` naming the file and line; nothing is written then.
+    target: TargetInfo
+    at: float
+    points: list[StorePoint]
+    files: list[tuple[str, str, int]]
+    scrape: ScrapeResult | None
+
+
+def check_at(at: float) -> float:
+    """``at`` if it is a usable Unix time in seconds, else ``IngestError``."""
+    if not math.isfinite(at) or not 0 <= at < 1e11:
+        raise IngestError(f"--at must be a Unix time in seconds (0 to 1e11), got {at!r}")
+    return at
+
+
+def prepare_ingest(target: TargetInfo, files: Sequence[str], *, at: float) -> PreparedIngest:
+    """Read and parse every file before anything touches the store.
+
+    Raises ``IngestError`` naming the file (and line): a malformed exposition, a file that
+    mixes samples with and without timestamps, or several files without timestamps (they
+    would all land on the same ``at`` and overwrite each other).
     """
     if not files:
         raise IngestError("no files given")
-    batches: list[StorePoint] = []
+    check_at(at)
+    points: list[StorePoint] = []
     report: list[tuple[str, str, int]] = []
-    last_scrape: ScrapeResult | None = None
+    scrape: ScrapeResult | None = None
     for name in files:
         label = "<stdin>" if name == "-" else name
         body = _read(name)
@@ -65,25 +91,59 @@ def ingest_files(
         except ParseError as exc:
             where = f"{label}:{exc.line}" if exc.line else label
             raise IngestError(f"{where}: {exc.reason}; nothing was written") from None
-        timed = any(s.timestamp is not None for f in families for s in f.samples)
-        nsamples = sum(len(f.samples) for f in families)
+        samples = [s for f in families for s in f.samples]
+        timed = [s for s in samples if s.timestamp is not None]
+        if timed and len(timed) != len(samples):
+            first = next(s for s in samples if s.timestamp is None)
+            raise IngestError(
+                f"{label}: mixes samples with and without timestamps (first without: "
+                f"{first.name}); a backfill needs a timestamp on every sample; "
+                "nothing was written"
+            )
         if timed:
             # A backfill: like promtool, only the file's own samples, no synthetic `up`.
-            batches.extend(points_from_families(families, target, round(at * 1000)))
-            report.append((label, "backfill", nsamples))
-        else:
-            result = ScrapeResult(target, at, 0.0, families, "")
-            batches.extend(scrape_points(result))
-            report.append((label, "scrape", nsamples))
-            last_scrape = result
-    with store.transaction():
-        store.write(batches)
-        if last_scrape is not None:
-            store.set_target_health(
-                TargetHealth(
-                    target=target.name, pool=target.pool, kind=target.kind, url=target.url,
-                    up=True, last_scrape=at, duration=0.0, samples=last_scrape.samples,
-                    error="",
-                )
+            points.extend(points_from_families(families, target, round(at * 1000)))
+            report.append((label, "backfill", len(samples)))
+            continue
+        if scrape is not None:
+            raise IngestError(
+                f"{label}: a second file without timestamps would be stored at the same --at "
+                f"as {report[-1][0]} and overwrite it; ingest such files one at a time, each "
+                "with its own --at; nothing was written"
             )
-    return IngestReport(report, len(batches))
+        scrape = ScrapeResult(target, at, 0.0, families, "")
+        points.extend(scrape_points(scrape))
+        report.append((label, "scrape", len(samples)))
+    return PreparedIngest(target, at, points, report, scrape)
+
+
+def write_ingest(store: Store, prepared: PreparedIngest) -> IngestReport:
+    """Write a prepared ingest in one transaction (all or nothing).
+
+    The target's health is updated only when this scrape is newer than the last one
+    recorded, so an ingest of old data never hides what the live collector sees.
+    """
+    target = prepared.target
+    with store.transaction():
+        store.write(prepared.points)
+        if prepared.scrape is not None:
+            known = {h.target: h for h in store.target_health()}.get(target.name)
+            if known is None or prepared.at >= known.last_scrape:
+                store.set_target_health(
+                    TargetHealth(
+                        target=target.name, pool=target.pool, kind=target.kind, url=target.url,
+                        up=True, last_scrape=prepared.at, duration=0.0,
+                        samples=prepared.scrape.samples, error="",
+                    )
+                )
+    return IngestReport(prepared.files, len(prepared.points))
+
+
+def ingest_files(
+    store: Store, target: TargetInfo, files: Sequence[str], *, at: float
+) -> IngestReport:
+    """Parse ``files`` (``-`` = stdin) and store them for ``target``; ``at`` is Unix seconds.
+
+    Raises ``IngestError`` naming the file and line; nothing is written then.
+    """
+    return write_ingest(store, prepare_ingest(target, files, at=at))

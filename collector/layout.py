@@ -53,13 +53,16 @@ class Layout:
 
     @classmethod
     def build(
-        cls, text: str, points: Sequence[tuple[SeriesKey, str, int, float | None]]
+        cls, text: str, points: Sequence[tuple[SeriesKey, str, int, float | None]], ts_ms: int
     ) -> Layout | None:
         """A layout from a body the full path accepted and the points it produced, in order.
 
-        Returns None when the body is not eligible (timestamps, or a line/point mismatch,
-        which would mean the order assumption does not hold for it).
+        ``ts_ms`` is the scrape's timestamp. Returns None when the body is not eligible (a
+        sample with its own timestamp, or a line/point mismatch, which would mean the order
+        assumption does not hold for it).
         """
+        if any(p[2] != ts_ms for p in points):
+            return None
         comments: list[str] = []
         heads: list[str] = []
         for line in text.split("\n"):
@@ -75,7 +78,8 @@ class Layout:
         slots = [(key, ftype) for key, ftype, _, _ in points]
         layout = cls("\n".join(comments), heads, slots, _histograms(slots))
         # Self-check: the fast read of the same body must give exactly the full path's points.
-        if layout.read(text, points[0][2] if points else 0) != list(points):
+        again = layout.read(text, ts_ms)
+        if again is None or not all(map(_same_point, again, points)):
             return None
         return layout
 
@@ -109,6 +113,14 @@ class Layout:
             if not _valid_histogram(out, h):
                 return None
         return out
+
+
+def _same_point(a: tuple, b: tuple) -> bool:
+    """Equal points, NaN equal to NaN (a NaN gauge must not make the layout unlearnable)."""
+    if a[:3] != b[:3]:
+        return False
+    x, y = a[3], b[3]
+    return x == y or (x != x and y != y)
 
 
 def _histograms(slots: list[_Slot]) -> list[_Histogram]:

@@ -6,6 +6,7 @@ share exactly one path from exposition bytes to stored points.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
@@ -229,12 +230,19 @@ async def fetch_once(
     """Fetch ``target``'s exposition once; never raises for target problems."""
     t0 = perf()
     try:
-        body, ctype = await fetch(
-            client, target.url, timeout=timeout, max_body_bytes=max_body_bytes,
-            target=target.name,
-        )
+        # httpx's timeout bounds each read, not the whole request: a target trickling a byte
+        # at a time would hold the scrape far past its timeout. This is the real deadline.
+        async with asyncio.timeout(timeout):
+            body, ctype = await fetch(
+                client, target.url, timeout=timeout, max_body_bytes=max_body_bytes,
+                target=target.name,
+            )
     except ScrapeError as exc:
         return Fetched(None, None, perf() - t0, exc.reason)
+    except TimeoutError:
+        return Fetched(None, None, perf() - t0, f"timeout after {timeout:g}s")
+    except Exception as exc:
+        return Fetched(None, None, perf() - t0, f"{type(exc).__name__}: {exc}")
     return Fetched(body, ctype, perf() - t0, "")
 
 

@@ -8,13 +8,16 @@ writer, and the loop stays free to start the next scrapes on time.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import os
 import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import httpx
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -33,6 +36,7 @@ from collector.scrape import (
 from collector.store import Store
 from vigil.clock import Clock, system_clock
 from vigil.config import Config, TargetConfig
+from vigil.errors import StoreError
 from vigil.model import SeriesKey, TargetHealth
 
 __all__ = ["Collector", "ScrapeWriter", "target_info"]
@@ -87,7 +91,7 @@ class ScrapeWriter:
             return self._write_result(result, [])
         points = points_from_families(result.families, target, ts_ms)
         text = _text_format_body(fetched)
-        learned = Layout.build(text, points) if text is not None else None
+        learned = Layout.build(text, points, ts_ms) if text is not None else None
         if learned is None:
             self._layouts.pop(target.name, None)
         else:
@@ -152,6 +156,14 @@ class Collector:
         self._clients: dict[str, httpx.AsyncClient] = {}
         self._last_up: dict[str, bool] = {}
         self.scrapes = 0
+        self._open_lock = asyncio.Lock()
+        self._lock_file: IO[bytes] | None = None
+        #: Scrapes under way, so that shutdown lets them finish writing instead of cancelling.
+        self._inflight: dict[str, asyncio.Task[TargetHealth]] = {}
+        #: Compaction gets its own thread and connection: it works in bounded transactions, so
+        #: scrape writes interleave with it instead of waiting for the whole compaction.
+        self._compactor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vigil-compact")
+        self._compact_store: Store | None = None
 
     def _default_store(self) -> Store:
         s = self.config.store
@@ -167,8 +179,15 @@ class Collector:
         return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
 
     async def open(self) -> None:
-        """Open the store (on the writer thread: sqlite3 connections belong to a thread)."""
-        if self._store is None:
+        """Open the store (on the writer thread: sqlite3 connections belong to a thread).
+
+        Takes an exclusive lock next to the store so that two collectors never write the same
+        store (each keeps its own staleness state: both writing would interleave markers).
+        """
+        async with self._open_lock:
+            if self._store is not None:
+                return
+            self._lock_file = _lock_store(self.config.store_path())
             self._store = await self._in_writer(self._store_factory)
             self._scrape_writer = ScrapeWriter(self._store)
             for h in await self._in_writer(self._store.target_health):
@@ -187,10 +206,19 @@ class Collector:
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             await client.aclose()
+        if self._compact_store is not None:
+            await asyncio.get_running_loop().run_in_executor(
+                self._compactor, self._compact_store.close
+            )
+            self._compact_store = None
+        self._compactor.shutdown(wait=True)
         if self._store is not None:
             await self._in_writer(self._store.close)
             self._store = None
         self._writer.shutdown(wait=True)
+        if self._lock_file is not None:
+            self._lock_file.close()  # releases the flock
+            self._lock_file = None
 
     async def __aenter__(self) -> Collector:
         await self.open()
@@ -228,10 +256,12 @@ class Collector:
         return list(await asyncio.gather(*(self.scrape_target(t) for t in self.config.targets)))
 
     async def compact(self) -> Any:
-        """Downsample and expire old samples (on the writer thread)."""
+        """Downsample and expire old samples, on the compaction thread's own connection."""
         await self.open()
-        assert self._store is not None
-        report = await self._in_writer(self._store.compact)
+        loop = asyncio.get_running_loop()
+        if self._compact_store is None:
+            self._compact_store = await loop.run_in_executor(self._compactor, self._store_factory)
+        report = await loop.run_in_executor(self._compactor, self._compact_store.compact)
         log.info("compaction: %s", report)
         return report
 
@@ -241,6 +271,20 @@ class Collector:
         interval = self.config.scrape_interval(t)
         return (zlib.crc32(t.name.encode()) % 10_000) / 10_000 * interval
 
+    async def _start_scrape(self, t: TargetConfig) -> None:
+        """Scheduler job: start a scrape task unless the previous one is still running.
+
+        A coroutine so that apscheduler runs it on the loop; it returns at once: the scrape is our own task, so shutdown can wait for
+        it to finish writing (apscheduler would cancel a coroutine job mid-write).
+        """
+        running = self._inflight.get(t.name)
+        if running is not None and not running.done():
+            log.warning("target %s: previous scrape still running; skipping this one", t.name)
+            return
+        task = asyncio.get_running_loop().create_task(self.scrape_target(t))
+        self._inflight[t.name] = task
+        task.add_done_callback(_log_unexpected)
+
     async def run(self, stop: asyncio.Event) -> None:
         """Scrape on schedule (apscheduler) until ``stop`` is set, then shut down cleanly."""
         await self.open()
@@ -249,20 +293,22 @@ class Collector:
         for t in self.config.targets:
             interval = self.config.scrape_interval(t)
             scheduler.add_job(
-                self.scrape_target,
+                self._start_scrape,
                 "interval",
                 args=[t],
                 seconds=interval,
                 next_run_time=now + timedelta(seconds=self._offset(t)),
                 id=f"scrape:{t.name}",
-                max_instances=1,
                 coalesce=True,
                 misfire_grace_time=max(1, int(interval)),
             )
+        # First compaction soon after start: a collector restarted more often than the
+        # compaction interval would otherwise never compact.
         scheduler.add_job(
             self.compact,
             "interval",
             seconds=self.config.collector.compact_interval,
+            next_run_time=now + timedelta(seconds=60),
             id="compact",
             max_instances=1,
             coalesce=True,
@@ -273,9 +319,31 @@ class Collector:
         finally:
             scheduler.shutdown(wait=False)
             # Let scrapes already under way finish writing: nothing half-stored.
-            pending = [
-                task for task in asyncio.all_tasks()
-                if task is not asyncio.current_task() and "scrape_target" in repr(task.get_coro())
-            ]
+            pending = [t for t in self._inflight.values() if not t.done()]
             if pending:
-                await asyncio.wait(pending, timeout=self.config.collector.scrape_timeout + 1)
+                await asyncio.wait(pending, timeout=self.config.collector.scrape_timeout + 5)
+
+
+def _log_unexpected(task: asyncio.Task[TargetHealth]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("scrape failed unexpectedly", exc_info=task.exception())
+
+
+def _lock_store(path: Path) -> IO[bytes]:
+    """An exclusive, non-blocking flock on ``<store>.lock``; ``StoreError`` if already held."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = path.with_name(path.name + ".lock")
+    f = open(lock_path, "a+b")  # noqa: SIM115 - held for the collector's lifetime
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise StoreError(
+            f"{path}: another `vigil collect` is already writing to this store "
+            f"(lock {lock_path} is held); stop it first, or give this one another [store] path"
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n".encode())
+    f.flush()
+    return f

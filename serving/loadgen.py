@@ -49,6 +49,7 @@ class Workload:
 
     rate: float = 2.0
     ramp_to: float | None = None
+    ramp: float = 0.0  # seconds from rate to ramp_to; the rate then stays at ramp_to
     duration: float = 0.0  # seconds; 0 = until stopped
     stream_share: float = 0.5
     chat_share: float = 0.7
@@ -59,10 +60,13 @@ class Workload:
     seed: int = 0
 
     def rate_at(self, elapsed: float) -> float:
-        """The arrival rate (req/s) ``elapsed`` seconds into the run (linear ramp)."""
-        if self.ramp_to is None or self.duration <= 0:
+        """The arrival rate (req/s) ``elapsed`` seconds into the run (linear ramp, then hold)."""
+        if self.ramp_to is None:
             return self.rate
-        frac = min(1.0, elapsed / self.duration)
+        span = self.ramp or self.duration
+        if span <= 0:
+            return self.ramp_to
+        frac = min(1.0, elapsed / span)
         return self.rate + (self.ramp_to - self.rate) * frac
 
 
@@ -71,6 +75,7 @@ class LoadStats:
     sent: int = 0
     ok: int = 0
     errors: int = 0
+    cancelled: int = 0  # in flight when the run stopped (the client disconnected)
     in_flight: int = 0
     output_tokens: int = 0
     status: dict[str, int] = field(default_factory=dict)
@@ -78,7 +83,8 @@ class LoadStats:
     def line(self, elapsed: float) -> str:
         return (
             f"loadgen {elapsed:6.0f}s: sent {self.sent}, ok {self.ok}, errors {self.errors}, "
-            f"in flight {self.in_flight}, output tokens {self.output_tokens}"
+            f"cancelled {self.cancelled}, in flight {self.in_flight}, "
+            f"output tokens {self.output_tokens}"
         )
 
 
@@ -123,14 +129,18 @@ async def _send(client: httpx.AsyncClient, url: str, body: dict, stats: LoadStat
             resp = await client.post(url, json=body)
             code = resp.status_code
             if code == 200:
-                stats.output_tokens += int(resp.json()["usage"]["completion_tokens"])
+                usage = resp.json().get("usage") or {}
+                stats.output_tokens += int(usage.get("completion_tokens") or 0)
         key = f"{code // 100}xx"
         stats.status[key] = stats.status.get(key, 0) + 1
         if code == 200:
             stats.ok += 1
         else:
             stats.errors += 1
-    except (httpx.HTTPError, ValueError, KeyError):
+    except asyncio.CancelledError:
+        stats.cancelled += 1
+        raise
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
         stats.errors += 1
     finally:
         stats.in_flight -= 1
@@ -183,7 +193,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--model", required=True, help="the model name to request")
     p.add_argument("--rate", type=float, default=2.0, help="arrivals per second (Poisson)")
-    p.add_argument("--ramp-to", type=float, help="ramp the rate linearly to this by the end")
+    p.add_argument("--ramp-to", type=float, help="ramp the rate linearly to this...")
+    p.add_argument("--ramp", type=float, default=0.0,
+                   help="...over this many seconds, then hold it (default: the whole --duration)")
     p.add_argument("--duration", type=float, default=0.0, help="seconds; 0 runs until Ctrl-C")
     p.add_argument("--long-share", type=float, default=0.02, help="share of very long outputs")
     p.add_argument("--stream-share", type=float, default=0.5, help="share of streaming requests")
@@ -191,12 +203,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    for name in ("rate", "ramp_to", "ramp", "duration"):
+        v = getattr(args, name)
+        if v is not None and (v < 0 or (name == "rate" and v == 0)):
+            print(f"vigil loadgen: error: --{name.replace('_', '-')} must be positive, got {v}",
+                  file=sys.stderr)
+            return 2
     for u in args.url:
         if not u.startswith(("http://", "https://")):
             print(f"vigil loadgen: error: --url must be http(s)://, got {u!r}", file=sys.stderr)
             return 2
     wl = Workload(
-        rate=args.rate, ramp_to=args.ramp_to, duration=args.duration,
+        rate=args.rate, ramp_to=args.ramp_to, ramp=args.ramp, duration=args.duration,
         long_share=args.long_share, stream_share=args.stream_share, seed=args.seed,
     )
 

@@ -269,3 +269,64 @@ def test_counter_without_total_keeps_its_exposed_name(tmp_path):
         names = set(store.metric_names())
     assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" in names
     assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total" not in names
+
+
+def test_trickling_target_is_held_to_its_timeout(tmp_path):
+    # A target that sends one byte every 0.25 s: httpx's per-read timeout never fires, so
+    # only an overall deadline stops it.
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    stop = threading.Event()
+
+    def serve() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                             b"Content-Length: 100000\r\n\r\n")
+                for _ in range(40):
+                    if stop.is_set():
+                        break
+                    try:
+                        conn.sendall(b"#")
+                    except OSError:
+                        break
+                    stop.wait(0.25)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        port = srv.getsockname()[1]
+        cfg = config(tmp_path, {"trickle": f"http://127.0.0.1:{port}/metrics"}, timeout="1s")
+        health = run_once(cfg, ManualClock())
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        srv.close()
+    assert not health["trickle"].up
+    assert health["trickle"].error == "timeout after 1s"
+    assert health["trickle"].duration < 2.5
+
+
+def test_second_collector_on_the_same_store_is_refused(tmp_path, routes):
+    from vigil.errors import StoreError
+
+    with exposition_server(routes) as base:
+        cfg = config(tmp_path, {"t": f"{base}/small"})
+
+        async def go():
+            async with Collector(cfg):
+                with pytest.raises(StoreError, match="already writing"):
+                    async with Collector(cfg):
+                        pass
+
+        asyncio.run(go())

@@ -191,9 +191,51 @@ def test_timeout_above_interval(tmp_path):
 
 def test_per_target_overrides(tmp_path):
     cfg = load_config(write(tmp_path, MINIMAL.replace(
-        'pool = "chat"', 'pool = "chat"\nscrape_interval = "30s"\nscrape_timeout = "1m"')))
+        'pool = "chat"', 'pool = "chat"\nscrape_interval = "30s"\nscrape_timeout = "20s"')))
     t = cfg.targets[0]
-    assert cfg.scrape_interval(t) == 30 and cfg.scrape_timeout(t) == 30
+    assert cfg.scrape_interval(t) == 30 and cfg.scrape_timeout(t) == 20
+    # only the interval set: the default 10s timeout is capped to it, as in Prometheus
+    cfg = load_config(write(tmp_path, MINIMAL.replace(
+        'pool = "chat"', 'pool = "chat"\nscrape_interval = "5s"')))
+    assert cfg.scrape_timeout(cfg.targets[0]) == 5
+
+
+def test_explicit_target_timeout_above_interval(tmp_path):
+    p = write(tmp_path, MINIMAL.replace(
+        'pool = "chat"', 'pool = "chat"\nscrape_interval = "30s"\nscrape_timeout = "1m"'))
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert e.value.key == "targets[0].scrape_timeout"
+
+
+@pytest.mark.parametrize(
+    "section,line",
+    [
+        ("collector", "max_body_bytes = '1000'"),
+        ("collector", "max_body_bytes = true"),
+        ("collector", "max_body_bytes = 1000.0"),
+        ("scaling", "scale_out_kv_usage = '0.8'"),
+        ("slo_defaults", "ttft_objective = true"),
+        ("store", "raw_retention = inf"),
+        ("store", "raw_retention = 0"),
+        ("collector", "compact_interval = 0"),
+    ],
+)
+def test_wrong_types_and_ranges_are_errors(tmp_path, section, line):
+    p = write(tmp_path, MINIMAL + f"\n[{section}]\n{line}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert e.value.key.startswith(section)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:99999/metrics", "http://[::1/metrics", "http:///metrics"]
+)
+def test_bad_target_urls(tmp_path, url):
+    p = write(tmp_path, MINIMAL.replace("http://127.0.0.1:8000/metrics", url))
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert e.value.key == "targets[0].url"
 
 
 def test_store_path_relative_to_config(tmp_path):

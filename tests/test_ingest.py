@@ -127,3 +127,34 @@ def test_targets_json_and_table(cfg, tmp_path):
 def test_targets_without_store(cfg):
     r = vigil("targets", "--config", str(cfg))
     assert r.returncode == 0 and "no store" in r.stdout
+
+
+def test_mixed_timestamps_rejected(cfg, tmp_path):
+    f = tmp_path / "mixed.prom"
+    f.write_text("# TYPE a gauge\na 1 1795943000000\n# TYPE b gauge\nb 2\n")
+    r = vigil("ingest", "--config", str(cfg), "--target", "chat-0", str(f))
+    assert r.returncode == 2 and "mixes samples with and without timestamps" in r.stderr
+    assert not (tmp_path / "vigil.db").exists(), "a failed ingest must not create the store"
+
+
+def test_two_untimestamped_files_rejected(cfg, tmp_path):
+    a, b = tmp_path / "a.prom", tmp_path / "b.prom"
+    a.write_text("# TYPE a gauge\na 5\n")
+    b.write_text("# TYPE a gauge\na 6\n")
+    r = vigil("ingest", "--config", str(cfg), "--target", "chat-0", "--at", "1795943000",
+              str(a), str(b))
+    assert r.returncode == 2 and "same --at" in r.stderr
+
+
+@pytest.mark.parametrize("at", ["nan", "inf", "1e300", "-5"])
+def test_bad_at(cfg, at):
+    r = vigil("ingest", "--config", str(cfg), "--target", "chat-0", "--at", at, str(V1))
+    assert r.returncode == 2 and "--at must be a Unix time" in r.stderr
+
+
+def test_old_ingest_does_not_move_health_backwards(cfg, tmp_path):
+    vigil("ingest", "--config", str(cfg), "--target", "chat-0", "--at", "1795943100", str(V1))
+    vigil("ingest", "--config", str(cfg), "--target", "chat-0", "--at", "1795940000", str(V1))
+    with Store(tmp_path / "vigil.db") as s:
+        (h,) = [h for h in s.target_health() if h.target == "chat-0"]
+        assert h.last_scrape == 1795943100

@@ -58,7 +58,7 @@ def test_fast_path_stores_what_the_full_path_stores(tmp_path, body):
 
 def test_layout_reads_only_the_same_shape():
     points = points_from_families(parse_text(V1), TARGET, 1000)
-    layout = Layout.build(V1, points)
+    layout = Layout.build(V1, points, 1000)
     assert layout is not None and layout.samples == len(points)
     assert layout.read(V1, 1000) == points
     lines = V1.splitlines()
@@ -106,3 +106,16 @@ def test_openmetrics_bodies_have_no_layout(tmp_path):
     h = w.process(TARGET, fetched(om, "application/openmetrics-text; version=1.0.0"), 1.0e9)
     assert h.up and TARGET.name not in w._layouts
     w.store.close()
+
+
+def test_samples_with_own_timestamps_get_no_layout():
+    body = "# TYPE g gauge\ng 1000 1000\n"
+    points = points_from_families(parse_text(body), TARGET, 5000)
+    assert points[0][2] == 1000  # honoured timestamp
+    assert Layout.build(body, points, 5000) is None
+
+
+def test_nan_values_keep_the_layout():
+    body = "# TYPE g gauge\ng NaN\n"
+    points = points_from_families(parse_text(body), TARGET, 5000)
+    assert Layout.build(body, points, 5000) is not None

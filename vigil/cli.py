@@ -10,10 +10,13 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from vigil import __version__
 from vigil.errors import ConfigError, VigilError
@@ -64,7 +67,7 @@ def _cmd_collect(args: argparse.Namespace) -> int:
 
 # --- ingest -------------------------------------------------------------------------------
 def _cmd_ingest(args: argparse.Namespace) -> int:
-    from collector.ingest import ingest_files
+    from collector.ingest import prepare_ingest, write_ingest
     from collector.service import target_info
     from collector.store import Store
     from vigil.config import load_config
@@ -79,8 +82,13 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
             file=args.config,
         ) from None
     at = args.at if args.at is not None else time.time()
-    with Store(cfg.store_path()) as store:
-        report = ingest_files(store, target_info(target), args.files, at=at)
+    # Parse everything first: a bad file must not even create the store.
+    prepared = prepare_ingest(target_info(target), args.files, at=at)
+    s = cfg.store
+    with Store(cfg.store_path(), raw_retention_s=s.raw_retention,
+               downsampled_retention_s=s.downsampled_retention,
+               resolution_s=s.resolution) as store:
+        report = write_ingest(store, prepared)
     for name, mode, n in report.files:
         print(f"{name}: {n} samples ({mode})")
     print(f"stored {report.points} points for target {target.name!r} in {cfg.store_path()}")
@@ -124,15 +132,32 @@ def _history(store: object, target: str, now: float, span_s: float = 3600.0) -> 
     return out
 
 
-def _cmd_targets(args: argparse.Namespace) -> int:
+def _open_if_ready(path: Path) -> Any:
+    """The store read-only, or None when it does not exist yet or is still being created."""
     from collector.store import Store
+    from vigil.errors import StoreError
+
+    if not path.exists():
+        return None
+    try:
+        return Store(path, readonly=True)
+    except StoreError:
+        # The collector creates the file a moment before its schema; say "no data yet"
+        # rather than fail. A file that is really not a store fails the same way but
+        # has a size, and then the error is the right answer.
+        if path.stat().st_size == 0:
+            return None
+        raise
+
+
+def _cmd_targets(args: argparse.Namespace) -> int:
     from vigil.config import load_config
 
     cfg = load_config(args.config)
     path = cfg.store_path()
     now = time.time()
     rows = []
-    store = Store(path, readonly=True) if path.exists() else None
+    store = _open_if_ready(path)
     try:
         health = {h.target: h for h in store.target_health()} if store else {}
         for t in cfg.targets:
@@ -284,6 +309,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `vigil targets --json | head`: the reader left; not an error worth a traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

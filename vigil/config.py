@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import httpx
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -43,6 +44,22 @@ __all__ = [
     "parse_config",
 ]
 
+def check_http_url(v: str) -> str:
+    """``v`` if it is an http(s) URL with a host and a valid port, else ``ValueError``."""
+    if not v.startswith(("http://", "https://")):
+        raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
+    try:
+        url = httpx.URL(v)
+        port = url.port
+    except (httpx.InvalidURL, ValueError, OverflowError) as exc:
+        raise ValueError(f"not a valid URL ({exc}), got {v!r}") from None
+    if not url.host:
+        raise ValueError(f"the URL has no host, got {v!r}")
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"port {port} is out of range 1-65535, got {v!r}")
+    return v
+
+
 #: Seconds; accepts "15s", "5m", "48h", "35d" or a plain number of seconds.
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -60,7 +77,8 @@ DEFAULT_PRICES: dict[str, float] = {
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a string "0.8" or a boolean where a number belongs is a mistake, not a value.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class StoreConfig(_Section):
@@ -75,6 +93,8 @@ class StoreConfig(_Section):
     def _check(self) -> StoreConfig:
         if self.resolution <= 0:
             raise ValueError("resolution must be more than 0 seconds")
+        if self.raw_retention <= 0:
+            raise ValueError("raw_retention must be more than 0 seconds")
         if self.downsampled_retention < self.raw_retention:
             raise ValueError("downsampled_retention must be at least raw_retention")
         return self
@@ -96,6 +116,8 @@ class CollectorConfig(_Section):
             raise ValueError("scrape_interval must be more than 0 seconds")
         if not 0 < self.scrape_timeout <= self.scrape_interval:
             raise ValueError("scrape_timeout must be more than 0 and at most scrape_interval")
+        if self.compact_interval < 10:
+            raise ValueError("compact_interval must be at least 10 seconds")
         return self
 
 
@@ -135,9 +157,7 @@ class TargetConfig(_Section):
     @field_validator("url", "api_url")
     @classmethod
     def _http(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("http://", "https://")):
-            raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
-        return v
+        return None if v is None else check_http_url(v)
 
     @property
     def api_base(self) -> str:
@@ -251,9 +271,7 @@ class EngineConfig(_Section):
     @field_validator("prometheus_url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if v and not v.startswith(("http://", "https://")):
-            raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
-        return v.rstrip("/")
+        return check_http_url(v).rstrip("/") if v else v
 
 
 class AlertRouteConfig(_Section):
@@ -279,9 +297,7 @@ class AlertRouteConfig(_Section):
     @field_validator("url")
     @classmethod
     def _http(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
-        return v
+        return check_http_url(v)
 
 
 class AlertsConfig(_Section):
@@ -346,7 +362,8 @@ class Config(_Section):
         return target.scrape_interval or self.collector.scrape_interval
 
     def scrape_timeout(self, target: TargetConfig) -> float:
-        """Seconds a scrape of ``target`` may take (never more than its interval)."""
+        """Seconds a scrape of ``target`` may take: its own timeout, or the default capped to
+        its interval (as Prometheus does for a job that sets only its interval)."""
         timeout = target.scrape_timeout or self.collector.scrape_timeout
         return min(timeout, self.scrape_interval(target))
 
@@ -404,6 +421,12 @@ def _check_references(cfg: Config) -> list[tuple[str, str]]:
             v = getattr(t, field)
             if v is not None and v <= 0:
                 problems.append((f"targets[{i}].{field}", "must be more than 0 seconds"))
+        # As Prometheus: an inherited timeout is capped to the interval, an explicit one that
+        # exceeds it is an error.
+        if t.scrape_timeout is not None and t.scrape_timeout > cfg.scrape_interval(t):
+            problems.append((f"targets[{i}].scrape_timeout",
+                             f"{t.scrape_timeout:g}s is more than the target's scrape "
+                             f"interval ({cfg.scrape_interval(t):g}s)"))
     return problems
 
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from vigil.conventions import SIM_DCGM_PATH
 __all__ = ["DemoPlan", "add_arguments", "demo_config", "run"]
 
 DEMO_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 @dataclass(frozen=True)
@@ -98,10 +101,16 @@ def _vigil(*args: str) -> list[str]:
     return [sys.executable, "-m", "vigil.cli", *args]
 
 
-def _wait_healthy(bases: list[str], procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+def _wait_healthy(
+    bases: list[str], procs: list[subprocess.Popen[bytes]], timeout: float,
+    stopping: Callable[[], bool],
+) -> bool:
+    """Wait until every replica answers /health; False if a stop was requested meanwhile."""
     deadline = time.monotonic() + timeout
     pending = list(bases)
     while pending:
+        if stopping():
+            return False
         if any(p.poll() is not None for p in procs):
             raise RuntimeError("the simulated fleet exited during start-up (see its output above)")
         if time.monotonic() > deadline:
@@ -111,6 +120,14 @@ def _wait_healthy(bases: list[str], procs: list[subprocess.Popen[bytes]], timeou
                 if httpx.get(base + "/health", timeout=1.0, trust_env=False).status_code == 200:
                     pending.remove(base)
         time.sleep(0.2)
+    return True
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if the demo dies, however it dies (Linux)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _stop(procs: list[tuple[str, subprocess.Popen[bytes]]], grace: float = 10.0) -> None:
@@ -158,60 +175,68 @@ def run(args: argparse.Namespace) -> int:
         nonlocal stop_requested
         stop_requested = True
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    # SIGHUP too: closing the terminal must stop the fleet, not orphan it.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
 
     children: list[tuple[str, subprocess.Popen[bytes]]] = []
 
     def spawn(name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
-        # Own session: the terminal's Ctrl-C reaches only us, and we stop children in order.
-        proc = subprocess.Popen(cmd, start_new_session=True)
+        # Own session: the terminal's Ctrl-C reaches only us, and we stop children in order;
+        # PDEATHSIG: should we die without stopping them (kill -9), they stop anyway.
+        proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent)
         children.append((name, proc))
         return proc
 
+    code = 0
     try:
         fleet = spawn(
             "fleet",
             _vigil("sim", "--replicas", str(plan.replicas), "--port", str(plan.port),
                    "--model", plan.model, "--gpu", plan.gpu, "--profile", "small"),
         )
-        _wait_healthy(plan.bases(), [fleet], timeout=60)
-        spawn("collector", _vigil("collect", "--config", str(plan.config_path)))
-        load_args = ["loadgen", "--model", plan.model, "--rate", str(args.rate),
-                     "--ramp-to", str(args.ramp_to), "--duration", str(args.ramp)]
-        for base in plan.bases():
-            load_args += ["--url", base]
-        spawn("loadgen", _vigil(*load_args))
-        print(
-            "\nVigil demo is running:\n"
-            + "".join(
-                f"  replica {plan.pool}-{i}: API {b}/v1  metrics {b}/metrics  "
-                f"DCGM {b}{SIM_DCGM_PATH}\n"
-                for i, b in enumerate(plan.bases())
-            )
-            + f"  collector: every {plan.scrape_interval} into {plan.data_dir / 'vigil.db'}\n"
-            + f"  load: {args.rate:g} -> {args.ramp_to:g} req/s over {args.ramp:g}s\n"
-            + f"  see targets: vigil targets --config {plan.config_path}\n"
-            + "Press Ctrl-C to stop everything.\n",
-            flush=True,
-        )
+        if _wait_healthy(plan.bases(), [fleet], 60, lambda: stop_requested):
+            spawn("collector", _vigil("collect", "--config", str(plan.config_path)))
+            load_args = ["loadgen", "--model", plan.model, "--rate", str(args.rate),
+                         "--ramp-to", str(args.ramp_to), "--ramp", str(args.ramp)]
+            for base in plan.bases():
+                load_args += ["--url", base]
+            spawn("loadgen", _vigil(*load_args))
+            print(_banner(plan, args), flush=True)
         start = time.monotonic()
         while not stop_requested:
             if args.duration and time.monotonic() - start >= args.duration:
                 break
             for name, p in children:
-                if name != "loadgen" and p.poll() is not None:
+                if p.poll() is not None:
                     print(f"vigil demo: {name} exited with code {p.returncode}; stopping",
                           flush=True)
                     stop_requested = True
+                    code = 1
             time.sleep(0.2)
     except RuntimeError as exc:
         print(f"vigil demo: error: {exc}", file=sys.stderr)
-        _stop(list(reversed(children)))
-        return 1
-    print("vigil demo: stopping...", flush=True)
-    # Load first, then the collector, then the fleet it scrapes.
-    order = {"loadgen": 0, "collector": 1, "fleet": 2}
-    _stop(sorted(children, key=lambda c: order.get(c[0], 9)))
-    print("vigil demo: stopped; nothing left running.", flush=True)
-    return 0
+        code = 1
+    finally:
+        print("vigil demo: stopping...", flush=True)
+        # Load first, then the collector (so its last write finishes), then the fleet.
+        order = {"loadgen": 0, "collector": 1, "fleet": 2}
+        _stop(sorted(children, key=lambda c: order.get(c[0], 9)))
+        print("vigil demo: stopped; nothing left running.", flush=True)
+    return code
+
+
+def _banner(plan: DemoPlan, args: argparse.Namespace) -> str:
+    return (
+        "\nVigil demo is running:\n"
+        + "".join(
+            f"  replica {plan.pool}-{i}: API {b}/v1  metrics {b}/metrics  "
+            f"DCGM {b}{SIM_DCGM_PATH}\n"
+            for i, b in enumerate(plan.bases())
+        )
+        + f"  collector: every {plan.scrape_interval} into {plan.data_dir / 'vigil.db'}\n"
+        + f"  load: {args.rate:g} -> {args.ramp_to:g} req/s over {args.ramp:g}s, then steady\n"
+        + f"  see targets:  vigil targets --config {plan.config_path}\n"
+        + f"  SLO status:   vigil slo status --config {plan.config_path}\n"
+        + "Press Ctrl-C to stop everything."
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 __all__ = ["format_duration", "parse_duration"]
@@ -20,8 +21,8 @@ def parse_duration(value: str | int | float) -> float:
     if isinstance(value, bool):
         raise ValueError(f"expected a duration such as '15s' or '5m', got {value!r}")
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError(f"a duration cannot be negative: {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"a duration must be a finite number of seconds >= 0: {value!r}")
         return float(value)
     text = value.strip()
     pos, total = 0, 0.0
