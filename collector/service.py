@@ -274,8 +274,9 @@ class Collector:
     async def _start_scrape(self, t: TargetConfig) -> None:
         """Scheduler job: start a scrape task unless the previous one is still running.
 
-        A coroutine so that apscheduler runs it on the loop; it returns at once: the scrape is our own task, so shutdown can wait for
-        it to finish writing (apscheduler would cancel a coroutine job mid-write).
+        A coroutine so that apscheduler runs it on the loop. It returns at once: the scrape is
+        our own task, so shutdown can wait for it to finish writing (apscheduler would cancel
+        a coroutine job mid-write).
         """
         running = self._inflight.get(t.name)
         if running is not None and not running.done():
