@@ -8,12 +8,12 @@ STAMP  := $(VENV)/.vigil-installed
 # apt-get needs root; use sudo when we are not root and sudo exists.
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint venv prometheus bench clean
+.PHONY: demo test lint venv prometheus alertmanager bench clean
 
 demo: venv
 	$(BIN)/vigil demo
 
-test: venv prometheus
+test: venv prometheus alertmanager
 	$(BIN)/ruff check --no-cache .
 	$(BIN)/pytest
 
@@ -43,6 +43,14 @@ prometheus:
 		if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
 			echo "disabling the prometheus.service the package enabled (tests start their own on loopback)"; \
 			$(SUDO) systemctl disable --now prometheus prometheus-node-exporter 2>/dev/null || true; fi; }
+
+# Alert forwarding is tested against a real Alertmanager (Debian's package).
+alertmanager:
+	@command -v prometheus-alertmanager >/dev/null 2>&1 || { \
+		echo "prometheus-alertmanager not found: installing Debian's package"; \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends prometheus-alertmanager; \
+		if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
+			$(SUDO) systemctl disable --now prometheus-alertmanager 2>/dev/null || true; fi; }
 
 clean:
 	rm -rf $(VENV) demo-data .pytest_cache .ruff_cache

@@ -305,6 +305,8 @@ class AlertsConfig(_Section):
 
     #: Linked from every alert's annotations.
     dashboard_url: str = "http://127.0.0.1:8501"
+    #: The durable notification outbox (SQLite; its own file, never the sample store's).
+    outbox_path: str = "vigil-alerts.db"
     #: A notification still undelivered after this long is given up (and counted) (seconds).
     max_age: Duration = 24 * 3600.0
     #: Retry backoff: first delay and cap (seconds); jitter is added.
@@ -366,6 +368,13 @@ class Config(_Section):
         its interval (as Prometheus does for a job that sets only its interval)."""
         timeout = target.scrape_timeout or self.collector.scrape_timeout
         return min(timeout, self.scrape_interval(target))
+
+    def outbox_path(self) -> Path:
+        """The alert outbox's path; a relative path is relative to the config file's folder."""
+        p = Path(self.alerts.outbox_path)
+        if not p.is_absolute() and self.source:
+            p = Path(self.source).resolve().parent / p
+        return p
 
     def store_path(self) -> Path:
         """The store's path; a relative path is relative to the config file's folder."""

@@ -1,0 +1,202 @@
+"""Against a real Alertmanager 0.25 (Debian's ``prometheus-alertmanager``) on a loopback port.
+
+* Vigil forwards alerts to ``POST /api/v2/alerts`` (format ``alertmanager_api``); Alertmanager
+  lists them in ``GET /api/v2/alerts`` with the fingerprints Vigil computed, and forgets them
+  when Vigil posts their resolution.
+* Alertmanager then notifies a webhook receiver; the body it sends is compared, byte for byte,
+  with what Vigil's own ``alertmanager`` format renders for the same alerts and route.
+
+Skipped when the binary is missing, except under CI (``CI=true``), where that fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from helpers import free_port
+from test_alert_support import Receiver, config, receiver, route
+
+from alerts.formats import API_ALERT_VALIDITY, render_alertmanager_webhook
+from alerts.grouping import group_key
+from alerts.model import Alert, Notification
+from alerts.notifier import Notifier
+
+CANDIDATES = ("/usr/bin/prometheus-alertmanager", "prometheus-alertmanager", "alertmanager")
+GROUP_BY = ["alertname", "pool", "slo"]
+
+
+def find_alertmanager() -> str | None:
+    for name in CANDIDATES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@dataclass
+class Alertmanager:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    hook: Receiver
+
+    def alerts(self) -> list[dict[str, Any]]:
+        r = httpx.get(f"{self.url}/api/v2/alerts", timeout=5)
+        r.raise_for_status()
+        return r.json()  # type: ignore[no-any-return]
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    """Poll ``condition`` until it returns something truthy (bounded: fails after timeout)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = condition()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@pytest.fixture
+def alertmanager(tmp_path: Path) -> Iterator[Alertmanager]:
+    binary = find_alertmanager()
+    if binary is None:
+        if os.environ.get("CI", "").lower() in ("true", "1"):
+            pytest.fail("prometheus-alertmanager is not installed (apt-get install "
+                        "prometheus-alertmanager); CI must run this test")
+        pytest.skip("prometheus-alertmanager is not installed")
+    with receiver() as hook:
+        cfg = tmp_path / "alertmanager.yml"
+        # A child route like Vigil's: matchers, group_by; tiny waits so the test is quick.
+        cfg.write_text(
+            "route:\n"
+            "  receiver: blackhole\n"
+            "  routes:\n"
+            "    - receiver: hook\n"
+            "      match:\n"
+            "        severity: page\n"
+            f"      group_by: {json.dumps(GROUP_BY)}\n"
+            "      group_wait: 1s\n"
+            "      group_interval: 1s\n"
+            "receivers:\n"
+            "  - name: blackhole\n"
+            "  - name: hook\n"
+            "    webhook_configs:\n"
+            f"      - url: {hook.url}\n"
+            "        send_resolved: true\n"
+        )
+        port = free_port()
+        log = tmp_path / "alertmanager.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [binary, f"--config.file={cfg}", f"--storage.path={tmp_path / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
+                 "--log.level=warn"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+            )
+        am = Alertmanager(f"http://127.0.0.1:{port}", proc, log, hook)
+        try:
+            def ready() -> bool:
+                if proc.poll() is not None:
+                    raise AssertionError(f"alertmanager exited: {log.read_text()[-2000:]}")
+                try:
+                    return httpx.get(f"{am.url}/-/ready", timeout=1).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            wait_for(ready, "alertmanager to be ready")
+            yield am
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
+
+
+def _ts(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _alerts(now: float) -> list[Alert]:
+    started = round(now - 3600.0, 3)  # long ago: Alertmanager flushes the group at once
+    common = {"alertname": "SLOBurnRate", "pool": "chat", "severity": "page",
+              "model": "meta-llama/Llama-3.1-8B-Instruct"}
+    return [
+        Alert({**common, "slo": "chat-ttft"},
+              {"summary": "TTFT p95 1.42s (SLO < 800ms) & rising",
+               "description": "burn rate 14.4 over 1h and 5m",
+               "dashboard_url": "http://127.0.0.1:8501/?pool=chat&slo=chat-ttft"},
+              starts_at=started, generator_url="http://127.0.0.1:8501/slo?pool=chat&x=1"),
+        Alert({**common, "slo": "chat-ttft", "model": "other"},
+              {"summary": "second alert of the group"}, starts_at=started + 0.25,
+              generator_url="http://127.0.0.1:8501/slo?pool=chat"),
+    ]
+
+
+@pytest.mark.slow
+def test_forward_to_alertmanager_api_and_compare_its_webhook(
+        tmp_path: Path, alertmanager: Alertmanager) -> None:
+    am = alertmanager
+    cfg = config(route(f"{am.url}/api/v2/alerts", name="am", format="alertmanager_api"))
+    notifier = Notifier(cfg, tmp_path / "outbox.db")
+    now = time.time()
+    alerts = _alerts(now)
+    [item] = notifier.process(now, alerts)
+    rnd = asyncio.run(notifier.deliver_due())
+    assert (rnd.delivered, rnd.failures) == (1, {}), notifier.outbox.get(item.id).last_error
+
+    # Alertmanager lists them, with our fingerprints, labels and times.
+    listed = wait_for(lambda: len(am.alerts()) == 2 and am.alerts(), "the alerts to be listed")
+    by_fp = {a["fingerprint"]: a for a in listed}
+    assert set(by_fp) == {a.fingerprint for a in alerts}
+    for a in alerts:
+        got = by_fp[a.fingerprint]
+        assert got["labels"] == dict(a.labels)
+        assert got["annotations"] == dict(a.annotations)
+        assert got["generatorURL"] == a.generator_url
+        assert got["status"]["state"] == "active" and got["receivers"] == [{"name": "hook"}]
+        assert abs(_ts(got["startsAt"]) - a.starts_at) < 1e-3
+        assert abs(_ts(got["endsAt"]) - (now + API_ALERT_VALIDITY)) < 1e-3
+
+    # Alertmanager's webhook for them is byte for byte what our "alertmanager" format renders.
+    hook_reqs = wait_for(lambda: am.hook.accepted(), "Alertmanager's webhook")
+    theirs = hook_reqs[0].body
+    payload = json.loads(theirs)
+    assert payload["status"] == "firing" and len(payload["alerts"]) == 2
+    hook_route = config(route("http://x/", name="hook", match={"severity": "page"},
+                              group_by=GROUP_BY)).alerts.routes[0]
+    ours = render_alertmanager_webhook(
+        Notification(route="hook", group_key=group_key(hook_route, alerts[0].labels),
+                     group_labels={k: alerts[0].labels[k] for k in GROUP_BY},
+                     alerts=tuple(alerts), created_at=now, reason="first"),
+        external_url=payload["externalURL"])
+    assert ours == theirs
+
+    # Resolving: the next snapshot carries endsAt = now; Alertmanager drops them from the list.
+    later = time.time()
+    [resolved_item] = notifier.process(later, [])
+    assert asyncio.run(notifier.deliver_due()).delivered == 1
+    assert json.loads(resolved_item.body)[0]["endsAt"] != ""
+    wait_for(lambda: am.alerts() == [], "the resolved alerts to leave the list")
+    resolved = wait_for(
+        lambda: [r for r in am.hook.accepted() if r.json()["status"] == "resolved"],
+        "Alertmanager's resolved notification")
+    assert {a["fingerprint"] for a in resolved[0].json()["alerts"]} == {
+        a.fingerprint for a in alerts}
+    notifier.close()
