@@ -286,11 +286,13 @@ class Collector:
         self._inflight[t.name] = task
         task.add_done_callback(_log_unexpected)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Scrape on schedule (apscheduler) until ``stop`` is set, then shut down cleanly."""
-        await self.open()
-        scheduler = AsyncIOScheduler(timezone=UTC)
-        now = datetime.now(UTC)
+    def schedule(self, scheduler: AsyncIOScheduler, now: datetime | None = None) -> None:
+        """Add the scrape jobs (one per target) and the compaction job to ``scheduler``.
+
+        `vigil serve` shares one scheduler between the collector and its other jobs; call
+        ``await open()`` first and ``await finish()`` after shutting the scheduler down.
+        """
+        now = datetime.now(UTC) if now is None else now
         for t in self.config.targets:
             interval = self.config.scrape_interval(t)
             scheduler.add_job(
@@ -314,15 +316,25 @@ class Collector:
             max_instances=1,
             coalesce=True,
         )
+
+    async def finish(self) -> None:
+        """Wait for the scrapes under way to finish writing (after the scheduler stopped)."""
+        pending = [t for t in self._inflight.values() if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=self.config.collector.scrape_timeout + 5)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Scrape on schedule (apscheduler) until ``stop`` is set, then shut down cleanly."""
+        await self.open()
+        scheduler = AsyncIOScheduler(timezone=UTC)
+        self.schedule(scheduler)
         scheduler.start()
         try:
             await stop.wait()
         finally:
             scheduler.shutdown(wait=False)
             # Let scrapes already under way finish writing: nothing half-stored.
-            pending = [t for t in self._inflight.values() if not t.done()]
-            if pending:
-                await asyncio.wait(pending, timeout=self.config.collector.scrape_timeout + 5)
+            await self.finish()
 
 
 def _log_unexpected(task: asyncio.Task[TargetHealth]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import logging
 import os
@@ -208,6 +209,19 @@ def _cmd_targets(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- serve / alerts ----------------------------------------------------------------------
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from vigil import serve
+
+    return serve.run(args)
+
+
+def _cmd_alerts(args: argparse.Namespace) -> int:
+    from vigil import alerts_cli
+
+    return alerts_cli.run(args)
+
+
 # --- slo ---------------------------------------------------------------------------------
 def _cmd_slo_status(args: argparse.Namespace) -> int:
     from slo import cli as slo_cli
@@ -234,7 +248,8 @@ def _cmd_loadgen(args: argparse.Namespace) -> int:
     return loadgen.run(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser; ``selected`` is the command about to run (its options are added)."""
     parser = argparse.ArgumentParser(
         prog="vigil",
         description="SLO monitoring and cost observability for vLLM fleets.",
@@ -263,36 +278,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_targets)
 
+    # The other commands' options live with their modules, which import the web stack, the
+    # scheduler or pandas. Only the chosen command's module is imported: `vigil --help` and
+    # `vigil targets` stay fast, and a broken optional module cannot break every command.
+    lazy = [
+        ("serve", "collector + SLO evaluation + alerts + /metrics, in one",
+         "vigil.serve", _cmd_serve),
+        ("alerts", "firing alerts and the notification outbox", "vigil.alerts_cli", _cmd_alerts),
+        ("sim", "run a simulated vLLM fleet (no GPU needed)", "serving.sim.cli", _cmd_sim),
+        ("loadgen", "send a mixed workload to a vLLM-compatible endpoint", "serving.loadgen",
+         _cmd_loadgen),
+        ("demo", "simulated fleet + load + collector, all on this machine", "vigil.demo",
+         _cmd_demo),
+    ]
+    for name, help_text, module, func in lazy:
+        p = sub.add_parser(name, help=help_text)
+        if selected == name:
+            importlib.import_module(module).add_arguments(p)
+        p.set_defaults(func=func)
+
     p = sub.add_parser("slo", help="the SLO engine: SLIs, burn rates, budgets, cost, scaling")
     slo_sub = p.add_subparsers(dest="slo_command", metavar="SUBCOMMAND", required=True)
     p = slo_sub.add_parser("status", help="every SLO, burn rate, cost and scaling advice now")
-    from slo import cli as slo_cli
-
-    slo_cli.add_arguments(p)
+    if selected == "slo":
+        importlib.import_module("slo.cli").add_arguments(p)
     p.set_defaults(func=_cmd_slo_status)
-
-    p = sub.add_parser("sim", help="run a simulated vLLM fleet (no GPU needed)")
-    from serving.sim import cli as sim_cli
-
-    sim_cli.add_arguments(p)
-    p.set_defaults(func=_cmd_sim)
-
-    p = sub.add_parser("loadgen", help="send a mixed workload to a vLLM-compatible endpoint")
-    from serving import loadgen
-
-    loadgen.add_arguments(p)
-    p.set_defaults(func=_cmd_loadgen)
-
-    p = sub.add_parser("demo", help="simulated fleet + load + collector, all on this machine")
-    from vigil import demo
-
-    demo.add_arguments(p)
-    p.set_defaults(func=_cmd_demo)
     return parser
 
 
+def _command_of(argv: list[str]) -> str | None:
+    """The subcommand in ``argv``: the first word that is not a global option or its value."""
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--log-level":
+            skip = True
+        elif not a.startswith("-"):
+            return a
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    selected = _command_of(argv)
+    parser = build_parser(selected)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),

@@ -179,3 +179,45 @@ VLLM_REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 )
+
+# --- Exporter (alerts/exporter.py: `/metrics` of `vigil serve`) -----------------------------
+#: Alerts `vigil serve` raises besides the four above (alerts/conditions.py).
+ALERT_TOKEN_ANOMALY = "TokenAnomaly"
+ALERT_SCALING_CHANGED = "ScalingRecommendationChanged"
+#: The per-replica label of KvCacheUsageHigh and TargetDown is LABEL_INSTANCE.
+#: Metric names (Prometheus conventions: unit suffixes, ``_ratio`` 0-1, ``_total`` counters).
+METRIC_SLI_ERROR_RATIO = "vigil_slo_sli_error_ratio"
+METRIC_BURN_RATE = "vigil_slo_burn_rate_ratio"
+METRIC_BUDGET_REMAINING = "vigil_slo_error_budget_remaining_ratio"
+METRIC_OBJECTIVE = "vigil_slo_objective_ratio"
+METRIC_LATENCY = "vigil_latency_seconds"
+METRIC_COST_PER_1000 = "vigil_cost_per_1000_requests_usd"
+METRIC_COST_PER_MILLION_TOKENS = "vigil_cost_per_million_output_tokens_usd"
+METRIC_DESIRED_REPLICAS = "vigil_scaling_desired_replicas"
+METRIC_CURRENT_REPLICAS = "vigil_scaling_current_replicas"
+METRIC_SCALING_ACTION = "vigil_scaling_action"
+METRIC_KV_USAGE = "vigil_kv_cache_usage_ratio"
+METRIC_QUEUE_LENGTH = "vigil_queue_length"
+METRIC_ANOMALOUS_REQUESTS = "vigil_anomalous_requests"
+METRIC_ALERTS_FIRING = "vigil_alerts_firing"
+#: Counters: prometheus_client appends ``_total``; these are the family names without it.
+METRIC_NOTIFICATIONS_DELIVERED = "vigil_notifications_delivered"
+METRIC_NOTIFICATION_FAILURES = "vigil_notification_failures"
+METRIC_NOTIFICATIONS_GIVEN_UP = "vigil_notifications_given_up"
+METRIC_NOTIFICATION_QUEUE_DEPTH = "vigil_notification_queue_depth"
+METRIC_NOTIFICATION_OLDEST_AGE = "vigil_notification_oldest_undelivered_age_seconds"
+METRIC_TARGET_UP = "vigil_target_up"
+METRIC_TARGET_SCRAPE_DURATION = "vigil_target_scrape_duration_seconds"
+METRIC_EVALUATION_DURATION = "vigil_evaluation_duration_seconds"
+METRIC_LAST_EVALUATION = "vigil_last_evaluation_timestamp_seconds"
+#: Labels of the exporter's series (LABEL_POOL, LABEL_MODEL_NAME, LABEL_SLO, ... as above).
+LABEL_WINDOW = "window"
+LABEL_SIGNAL = "signal"
+LABEL_QUANTILE = "quantile"
+LABEL_STAT = "stat"
+LABEL_ACTION = "action"
+LABEL_ROUTE = "route"
+#: Scaling actions (``pools.<pool>.scaling.action``); KEDA reads the desired replicas.
+SCALING_ACTIONS = ("scale_out", "scale_in", "hold")
+#: `vigil serve`'s default HTTP listen address (loopback: the exporter has no auth).
+SERVE_DEFAULT_LISTEN = "127.0.0.1:9464"

@@ -1,0 +1,202 @@
+"""`vigil serve` end to end: a simulated replica under load breaks a tight SLO, serve pages a
+webhook, a real Prometheus scrapes serve's /metrics, SIGTERM stops it cleanly."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import free_port
+
+from vigil import alerts_cli
+from vigil.errors import ConfigError
+from vigil.serve import parse_listen
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+PROMETHEUS = "/usr/bin/prometheus"
+
+
+def test_parse_listen():
+    assert parse_listen("127.0.0.1:9464") == ("127.0.0.1", 9464)
+    assert parse_listen("[::1]:0") == ("::1", 0)
+    with pytest.raises(ConfigError):
+        parse_listen("0.0.0.0:9464")
+    assert parse_listen("0.0.0.0:1", allow_remote=True) == ("0.0.0.0", 1)
+    with pytest.raises(ConfigError):
+        parse_listen("nonsense")
+
+
+@contextlib.contextmanager
+def receiver() -> Iterator[tuple[str, list[dict]]]:
+    """A webhook receiver on 127.0.0.1 collecting the JSON bodies it is sent."""
+    got: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            got.append(json.loads(body))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/hook", got
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def wait_for(what: str, check, timeout: float) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            result = check()
+            if result:
+                return result
+        time.sleep(0.25)
+    raise AssertionError(f"{what}: not within {timeout}s")
+
+
+def load(base: str, stop: threading.Event) -> None:
+    with httpx.Client(timeout=30) as client:
+        while not stop.is_set():
+            with contextlib.suppress(httpx.HTTPError):
+                client.post(base + "/v1/completions", json={
+                    "model": MODEL, "prompt": "Hello there " * 20, "max_tokens": 32,
+                    "ignore_eos": True})
+
+
+def stop_process(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        p.kill()
+    p.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="needs Debian's prometheus")
+def test_serve_pages_under_overload_and_is_scraped_by_prometheus(tmp_path):
+    sim_port, serve_port, prom_port = free_port(), free_port(), free_port()
+    sim_base = f"http://127.0.0.1:{sim_port}"
+    procs: list[subprocess.Popen[bytes]] = []
+    stop_load = threading.Event()
+    with receiver() as (hook, got):
+        cfg = tmp_path / "vigil.toml"
+        cfg.write_text(f"""
+[store]
+path = "vigil.db"
+[collector]
+scrape_interval = "1s"
+scrape_timeout = "800ms"
+[engine]
+evaluation_interval = "2s"
+window = "1m"
+[[pools]]
+name = "chat"
+model = "{MODEL}"
+[[targets]]
+name = "r0"
+url = "{sim_base}/metrics"
+pool = "chat"
+[[slos]]
+name = "chat-ttft"
+pool = "chat"
+indicator = "ttft"
+threshold_seconds = 0.02
+objective = 0.999
+[alerts]
+outbox_path = "alerts.db"
+[[alerts.routes]]
+name = "oncall"
+match = {{ severity = "page" }}
+url = "{hook}"
+format = "generic"
+group_wait = "1s"
+group_interval = "5s"
+""")
+        prom_cfg = tmp_path / "prometheus.yml"
+        prom_cfg.write_text(f"""
+global:
+  scrape_interval: 1s
+scrape_configs:
+  - job_name: vigil
+    honor_labels: true  # vigil_target_up's own `instance` (the target) must win
+    static_configs:
+      - targets: ["127.0.0.1:{serve_port}"]
+""")
+        try:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "vigil.cli", "sim", "--replicas", "1", "--port",
+                 str(sim_port), "--model", MODEL, "--profile", "small"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            wait_for("sim healthy",
+                     lambda: httpx.get(sim_base + "/health", timeout=1).status_code == 200, 30)
+            loaders = [threading.Thread(target=load, args=(sim_base, stop_load), daemon=True)
+                       for _ in range(16)]
+            for t in loaders:
+                t.start()
+            serve = subprocess.Popen(
+                [sys.executable, "-m", "vigil.serve", "--config", str(cfg), "--listen",
+                 f"127.0.0.1:{serve_port}"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            procs.append(serve)
+            procs.append(subprocess.Popen(
+                [PROMETHEUS, f"--config.file={prom_cfg}",
+                 f"--storage.tsdb.path={tmp_path / 'prom'}",
+                 f"--web.listen-address=127.0.0.1:{prom_port}"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+            def paged() -> list[dict]:
+                return [b for b in got if b.get("status") == "firing"]
+
+            pages = wait_for("a page at the webhook", paged, 60)
+            assert pages[0]["alerts"][0]["labels"]["severity"] == "page"
+            assert pages[0]["alerts"][0]["labels"]["alertname"] == "ErrorBudgetBurn"
+
+            metrics = httpx.get(f"http://127.0.0.1:{serve_port}/metrics", timeout=5).text
+            assert 'vigil_alerts_firing{alertname="ErrorBudgetBurn",severity="page"}' in metrics
+            assert "vigil_notifications_delivered_total" in metrics
+            assert httpx.get(f"http://127.0.0.1:{serve_port}/healthz", timeout=5).status_code \
+                == 200
+
+            def prom_has_target_up() -> list:
+                r = httpx.get(f"http://127.0.0.1:{prom_port}/api/v1/query",
+                              params={"query": 'vigil_target_up{instance="r0"}'}, timeout=2)
+                return r.json()["data"]["result"]
+
+            (series,) = wait_for("vigil_target_up in Prometheus", prom_has_target_up, 30)
+            assert series["metric"]["pool"] == "chat"
+
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                assert alerts_cli.run(argparse.Namespace(config=str(cfg), json=True)) == 0
+            listing = json.loads(out.getvalue())
+            assert any(a["labels"]["severity"] == "page" for a in listing["firing"])
+            assert listing["outbox"]["done"] >= 1
+
+            serve.send_signal(signal.SIGTERM)
+            stdout, stderr = serve.communicate(timeout=30)
+            assert serve.returncode == 0, stderr.decode()[-2000:]
+            assert b"metrics: http://127.0.0.1:" in stdout
+            assert b"stopped after" in stdout
+        finally:
+            stop_load.set()
+            for p in procs:
+                stop_process(p)

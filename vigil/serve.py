@@ -1,0 +1,425 @@
+"""`vigil serve`: collector, SLO evaluation, alerting and the exporter in one process.
+
+One asyncio loop runs one ``AsyncIOScheduler`` with these jobs:
+
+* ``scrape:<target>`` (per target, every scrape interval) and ``compact``: the collector's;
+* ``evaluate`` (every ``[engine] evaluation_interval``): ``slo.status.evaluate`` on a thread
+  of its own (CPU work; it reads the store through its own read-only connection), then the
+  alert conditions, ``Notifier.process`` and a delivery round;
+* ``deliver`` (every second): retries and group timers (``Notifier.process`` again when a
+  group_wait/group_interval is due, then ``deliver_due``).
+
+The HTTP server (``/metrics``, ``/healthz``) runs on a thread: a scrape never waits for the
+loop. SIGTERM or SIGINT stops the scheduler, lets scrapes, the evaluation and deliveries under
+way finish, then closes everything; the exit code is 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from prometheus_client.exposition import choose_encoder
+
+from alerts.conditions import ConditionState, evaluate_conditions, kv_usage_by_replica
+from alerts.exporter import Exporter, Snapshot
+from alerts.model import Alert
+from alerts.notifier import Notifier, redact_url
+from vigil.clock import Clock, system_clock
+from vigil.config import Config
+from vigil.conventions import (
+    LABEL_INSTANCE,
+    SERIES_UP,
+    SERVE_DEFAULT_LISTEN,
+    VLLM_KV_CACHE_USAGE,
+)
+from vigil.errors import ConfigError
+from vigil.model import TargetHealth
+
+__all__ = ["EvaluationResult", "Server", "add_arguments", "parse_listen", "run"]
+
+log = logging.getLogger("vigil.serve")
+
+#: Seconds between delivery rounds (retries are due at whole-second granularity anyway).
+DELIVERY_INTERVAL = 1.0
+#: How long shutdown waits for in-flight evaluation and deliveries (seconds).
+SHUTDOWN_GRACE = 15.0
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `vigil serve` (``--config`` included)."""
+    p.add_argument("--config", "-c", required=True, metavar="FILE", help="Vigil TOML config file")
+    p.add_argument("--listen", default=SERVE_DEFAULT_LISTEN, metavar="HOST:PORT",
+                   help=f"address of /metrics and /healthz (default {SERVE_DEFAULT_LISTEN})")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow a non-loopback --listen (the endpoint has no authentication)")
+
+
+def parse_listen(value: str, *, allow_remote: bool = False) -> tuple[str, int]:
+    """``"host:port"`` -> (host, port); ``ConfigError`` for a bad or non-loopback address."""
+    host, sep, port_text = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) < 65536:
+        raise ConfigError(f"--listen must be HOST:PORT, got {value!r}")
+    if host not in _LOOPBACK and not allow_remote:
+        raise ConfigError(f"--listen {value}: not a loopback address; /metrics has no "
+                          "authentication (pass --allow-remote to bind it anyway)")
+    return host, int(port_text)
+
+
+# --- HTTP ---------------------------------------------------------------------------------
+def _http_server(host: str, port: int, exporter: Exporter,
+                 healthy: Callable[[], tuple[bool, str]]) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                encoder, ctype = choose_encoder(self.headers.get("Accept", ""))
+                self._reply(200, ctype, encoder(exporter.registry))
+            elif path == "/healthz":
+                ok, text = healthy()
+                self._reply(200 if ok else 503, "text/plain; charset=utf-8",
+                            (text + "\n").encode())
+            else:
+                self._reply(404, "text/plain; charset=utf-8", b"not found: try /metrics\n")
+
+        def _reply(self, status: int, ctype: str, body: bytes) -> None:
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the scraper left; nothing to tell it
+
+        def log_message(self, *args: object) -> None:
+            pass  # a scrape every few seconds is not worth a log line
+
+    family = ThreadingHTTPServer.address_family
+    if ":" in host:
+        import socket
+
+        family = socket.AF_INET6
+
+    class Server(ThreadingHTTPServer):
+        address_family = family
+        daemon_threads = True
+
+    return Server((host, port), Handler)
+
+
+# --- one evaluation -----------------------------------------------------------------------
+class EvaluationResult:
+    """What the evaluation thread hands back: the status dict, target health, per-replica
+    KV usage ``{(pool, instance): ratio}``, consecutive failed scrapes per target, and the
+    time it took (seconds)."""
+
+    def __init__(self, status: dict[str, Any], targets: list[TargetHealth],
+                 kv_usage: dict[tuple[str, str], float], down_streaks: dict[str, int],
+                 duration: float):
+        self.status = status
+        self.targets = targets
+        self.kv_usage = kv_usage
+        self.down_streaks = down_streaks
+        self.duration = duration
+
+
+class _Evaluator:
+    """Owns the read-only store connection; every call runs on the one evaluation thread."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self._store: Any = None
+
+    def _source(self) -> Any:
+        from collector.store import Store
+        from slo.embedded import EmbeddedSource
+
+        if self._store is None:
+            self._store = Store(self.config.store_path(), readonly=True)
+        return EmbeddedSource(self._store, semantics=self.config.engine.promql_semantics,
+                              lookback_s=self.config.engine.lookback)
+
+    def evaluate(self, at_s: float) -> EvaluationResult:
+        from slo.sli import vllm_matchers
+        from slo.status import evaluate
+
+        t0 = time.perf_counter()
+        source = self._source()
+        status = evaluate(self.config, source, at_s)
+        targets = list(self._store.target_health())
+        pool_of = {t.name: t.pool for t in self.config.targets}
+        kv: dict[tuple[str, str], float] = {}
+        for pool in self.config.pools:
+            vector = source.instant(VLLM_KV_CACHE_USAGE, vllm_matchers(pool.name), at_s)
+            kv.update(kv_usage_by_replica(vector, pool_of))
+        return EvaluationResult(status, targets, kv, self._down_streaks(at_s),
+                                time.perf_counter() - t0)
+
+    def _down_streaks(self, at_s: float) -> dict[str, int]:
+        """Consecutive failed scrapes (``up == 0``) at the end of each target's ``up`` series."""
+        n = self.config.alerts.target_down_scrapes
+        out: dict[str, int] = {}
+        for t in self.config.targets:
+            # Enough history for n scrapes plus slack for late ones (seconds).
+            span = (n + 2) * self.config.scrape_interval(t) * 2
+            series = self._store.points(SERIES_UP, {LABEL_INSTANCE: t.name},
+                                        start_ms=int((at_s - span) * 1000))
+            values = sorted((p for pts in series.values() for p in pts if p.value is not None),
+                            key=lambda p: p.ts_ms)
+            streak = 0
+            for p in reversed(values):
+                if p.value != 0.0:
+                    break
+                streak += 1
+            out[t.name] = streak
+        return out
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+# --- the server ---------------------------------------------------------------------------
+class Server:
+    """Everything `vigil serve` runs, on the caller's asyncio loop (see the module docstring).
+
+    ``clock`` gives "now" (Unix seconds) for evaluations and alerts.
+    """
+
+    def __init__(self, config: Config, *, listen: tuple[str, int] = ("127.0.0.1", 9464),
+                 clock: Clock = system_clock):
+        from collector.service import Collector
+
+        self.config = config
+        self.clock = clock
+        self.listen = listen
+        self.collector = Collector(config, clock=clock)
+        self.notifier: Notifier | None = None
+        self.exporter = Exporter()
+        self.state = ConditionState()
+        self.alerts: list[Alert] = []
+        self.evaluations = 0
+        self.last_error = ""
+        self._evaluator = _Evaluator(config)
+        self._eval_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vigil-eval")
+        self._tasks: dict[str, asyncio.Task[Any]] = {}
+        self._deliver_lock = asyncio.Lock()
+        self._http: ThreadingHTTPServer | None = None
+        self._last: EvaluationResult | None = None
+
+    # --- jobs: each starts its own task so that shutdown can wait for it --------------------
+    def _spawn(self, name: str, make: Callable[[], Awaitable[Any]]) -> None:
+        running = self._tasks.get(name)
+        if running is not None and not running.done():
+            log.warning("%s still running; skipping this round", name)
+            return
+        task = asyncio.ensure_future(make())
+        self._tasks[name] = task
+        task.add_done_callback(self._log_failure)
+
+    @staticmethod
+    def _log_failure(task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("job failed", exc_info=task.exception())
+
+    async def _evaluate_job(self) -> None:
+        self._spawn("evaluate", self.evaluate_once)
+
+    async def _deliver_job(self) -> None:
+        self._spawn("deliver", self.deliver_once)
+
+    async def evaluate_once(self) -> list[Alert]:
+        """One evaluation: status, conditions, notifier, exporter; returns the alerts."""
+        now = self.clock()
+        loop = asyncio.get_running_loop()
+        try:
+            result = await loop.run_in_executor(self._eval_thread, self._evaluator.evaluate, now)
+        except Exception as exc:
+            # A broken evaluation must not kill serve; /healthz and the log say so.
+            self.last_error = f"evaluation failed: {exc}"
+            log.exception("evaluation at %.3f failed", now)
+            return self.alerts
+        self.last_error = ""
+        alerts, self.state = evaluate_conditions(
+            self.config, result.status, result.targets, self.state, now,
+            kv_usage=result.kv_usage, down_streaks=result.down_streaks,
+        )
+        for a in alerts:
+            if a.starts_at == now and a.firing:
+                log.warning("alert firing: %s %s", a.name, dict(a.labels))
+            elif not a.firing:
+                log.info("alert resolved: %s %s", a.name, dict(a.labels))
+        self.alerts = [a for a in alerts if a.firing]
+        self._last = result
+        self.evaluations += 1
+        assert self.notifier is not None
+        self.notifier.process(now, alerts)
+        self._publish()
+        await self.deliver_once()
+        return alerts
+
+    async def deliver_once(self) -> None:
+        """Advance group timers and send what is due (retries included)."""
+        assert self.notifier is not None
+        async with self._deliver_lock:
+            now = self.clock()
+            wake = self.notifier.next_wakeup()
+            if wake is not None and wake <= now:
+                # Timers (group_wait, group_interval) only advance in process().
+                self.notifier.process(now, self.alerts)
+            await self.notifier.deliver_due(now)
+        self._publish()
+
+    def _publish(self) -> None:
+        r = self._last
+        assert self.notifier is not None
+        self.exporter.update(Snapshot(
+            status=r.status if r else None,
+            alerts=tuple(self.alerts),
+            counters=self.notifier.counters(self.clock()),
+            targets=tuple(r.targets) if r else (),
+            evaluation_duration=r.duration if r else None,
+            evaluated_at=r.status.get("at") if r else None,
+            routes=tuple(x.name for x in self.config.alerts.routes),
+        ))
+
+    def healthy(self) -> tuple[bool, str]:
+        """(ok, text) for ``/healthz``: not ok while the last evaluation failed."""
+        if self.last_error:
+            return False, self.last_error
+        return True, f"ok: {self.evaluations} evaluations, {len(self.alerts)} alerts firing"
+
+    # --- lifecycle ----------------------------------------------------------------------
+    async def start(self, scheduler: AsyncIOScheduler) -> None:
+        """Open the store, the outbox and the HTTP server; add every job to ``scheduler``."""
+        await self.collector.open()
+        self.notifier = Notifier(self.config, self.config.outbox_path(), clock=self.clock)
+        self._publish()
+        host, port = self.listen
+        self._http = _http_server(host, port, self.exporter, self.healthy)
+        self.listen = (host, int(self._http.server_address[1]))
+        threading.Thread(target=self._http.serve_forever, name="vigil-http",
+                         daemon=True).start()
+        now = datetime.now(UTC)
+        self.collector.schedule(scheduler, now)
+        interval = self.config.engine.evaluation_interval
+        scheduler.add_job(self._evaluate_job, "interval", seconds=interval,
+                          next_run_time=now + timedelta(seconds=interval), id="evaluate",
+                          coalesce=True, max_instances=1,
+                          misfire_grace_time=max(1, int(interval)))
+        scheduler.add_job(self._deliver_job, "interval", seconds=DELIVERY_INTERVAL,
+                          next_run_time=now + timedelta(seconds=DELIVERY_INTERVAL),
+                          id="deliver", coalesce=True, max_instances=1)
+
+    async def stop(self) -> None:
+        """After the scheduler stopped: let work under way finish, then close everything."""
+        await self.collector.finish()
+        pending = [t for t in self._tasks.values() if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=SHUTDOWN_GRACE)
+        for t in pending:
+            if not t.done():
+                t.cancel()
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+        await asyncio.get_running_loop().run_in_executor(self._eval_thread,
+                                                         self._evaluator.close)
+        self._eval_thread.shutdown(wait=True)
+        if self.notifier is not None:
+            self.notifier.close()
+        await self.collector.close()
+
+    def banner(self) -> str:
+        """What runs where, printed at start."""
+        cfg = self.config
+        host, port = self.listen
+        lines = [
+            f"vigil serve: {len(cfg.targets)} targets every {cfg.collector.scrape_interval:g}s "
+            f"into {cfg.store_path()}",
+            f"  evaluation every {cfg.engine.evaluation_interval:g}s "
+            f"(PromQL {cfg.engine.promql_semantics}, window {cfg.engine.window:g}s)",
+            f"  alerts: outbox {cfg.outbox_path()}, {len(cfg.alerts.routes)} routes"
+            + "".join(f"\n    {r.name}: {r.format} -> {redact_url(r.url)} match {dict(r.match)}"
+                      for r in cfg.alerts.routes),
+            f"  metrics: http://{host}:{port}/metrics  health: http://{host}:{port}/healthz",
+            "  (SIGTERM or Ctrl-C stops)",
+        ]
+        return "\n".join(lines)
+
+
+async def serve(config: Config, listen: tuple[str, int],
+                stop: asyncio.Event | None = None) -> int:
+    """Run until ``stop`` is set or SIGTERM/SIGINT arrives; returns the exit code."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    server = Server(config, listen=listen)
+    scheduler = AsyncIOScheduler(timezone=UTC)
+    try:
+        await server.start(scheduler)
+        scheduler.start()
+        print(server.banner(), flush=True)
+        await stop.wait()
+        print("vigil serve: stopping", flush=True)
+    finally:
+        if scheduler.running:
+            scheduler.shutdown(wait=False)
+        await server.stop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    print(f"vigil serve: stopped after {server.collector.scrapes} scrapes and "
+          f"{server.evaluations} evaluations", flush=True)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """`vigil serve --config F [--listen HOST:PORT] [--allow-remote]`."""
+    from vigil.config import load_config
+
+    config = load_config(args.config)
+    listen = parse_listen(args.listen, allow_remote=args.allow_remote)
+    if not config.targets:
+        raise ConfigError("no [[targets]] to scrape", file=args.config, key="targets")
+    return asyncio.run(serve(config, listen))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m vigil.serve``: the same as `vigil serve` before the CLI wires it."""
+    import sys
+
+    p = argparse.ArgumentParser(prog="vigil serve")
+    p.add_argument("--log-level", default="INFO")
+    add_arguments(p)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from vigil.errors import VigilError
+
+    try:
+        return run(args)
+    except VigilError as exc:
+        print(f"vigil serve: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
