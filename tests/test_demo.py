@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
 import sys
 import time
 
+import httpx
 import pytest
 from helpers import free_port
 
@@ -25,7 +27,7 @@ def port_open(port: int) -> bool:
 
 def test_demo_runs_and_stops_cleanly(tmp_path):
     port = free_port()
-    while port_open(port + 1):  # the demo needs two consecutive ports
+    while port_open(port + 1) or port_open(port + 2):  # fleet (2) + serve: consecutive ports
         port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "vigil.cli", "demo", "--port", str(port), "--dir", str(tmp_path),
@@ -54,9 +56,17 @@ def test_demo_runs_and_stops_cleanly(tmp_path):
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
             time.sleep(0.5)
         assert seen == {"chat-0", "chat-1", "chat-0-gpu", "chat-1-gpu"}, seen
+        # vigil serve's exporter answers with the targets' health
+        body = ""
+        while time.monotonic() < deadline and "vigil_target_up{" not in body:
+            with contextlib.suppress(httpx.HTTPError):
+                body = httpx.get(f"http://127.0.0.1:{port + 2}/metrics", timeout=2).text
+            time.sleep(0.5)
+        assert 'vigil_target_up{' in body
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "Vigil demo is running" in out and "nothing left running" in out
     assert not port_open(port) and not port_open(port + 1), "the fleet is still listening"
+    assert not port_open(port + 2), "vigil serve is still listening"

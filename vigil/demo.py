@@ -1,7 +1,7 @@
-"""``vigil demo``: a simulated fleet, a load generator and the collector on this machine.
+"""``vigil demo``: a simulated fleet, a load generator and ``vigil serve`` on this machine.
 
 Everything runs as child processes of this one, on loopback ports, and Ctrl-C (or
-``--duration``) stops all of them cleanly: load first, then the collector (so its last write
+``--duration``) stops all of them cleanly: load first, then serve (so its last write
 finishes), then the fleet. Later issues add the gateway, alerts and the dashboard here.
 """
 
@@ -43,6 +43,11 @@ class DemoPlan:
     scrape_interval: str = "5s"
 
     @property
+    def serve_port(self) -> int:
+        """``vigil serve``'s /metrics port: right after the fleet's ports."""
+        return self.port + self.replicas
+
+    @property
     def config_path(self) -> Path:
         return self.data_dir / "vigil.toml"
 
@@ -60,6 +65,9 @@ def demo_config(plan: DemoPlan) -> str:
         "[collector]",
         f'scrape_interval = "{plan.scrape_interval}"',
         'scrape_timeout = "4s"',
+        "",
+        "[engine]",
+        'evaluation_interval = "15s"',
         "",
         "[[pools]]",
         f'name = "{plan.pool}"',
@@ -158,7 +166,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     plan = DemoPlan(data_dir=Path(args.dir).resolve(), port=args.port)
-    busy = [p for p in range(plan.port, plan.port + plan.replicas) if not _port_free(p)]
+    busy = [p for p in range(plan.port, plan.serve_port + 1) if not _port_free(p)]
     if busy:
         print(
             f"vigil demo: error: port(s) {', '.join(map(str, busy))} on 127.0.0.1 are in use; "
@@ -196,7 +204,9 @@ def run(args: argparse.Namespace) -> int:
                    "--model", plan.model, "--gpu", plan.gpu, "--profile", "small"),
         )
         if _wait_healthy(plan.bases(), [fleet], 60, lambda: stop_requested):
-            spawn("collector", _vigil("collect", "--config", str(plan.config_path)))
+            # serve = the collector, the SLO engine every 30 s, alerting and /metrics.
+            spawn("serve", _vigil("serve", "--config", str(plan.config_path),
+                                  "--listen", f"127.0.0.1:{plan.serve_port}"))
             load_args = ["loadgen", "--model", plan.model, "--rate", str(args.rate),
                          "--ramp-to", str(args.ramp_to), "--ramp", str(args.ramp)]
             for base in plan.bases():
@@ -219,8 +229,8 @@ def run(args: argparse.Namespace) -> int:
         code = 1
     finally:
         print("vigil demo: stopping...", flush=True)
-        # Load first, then the collector (so its last write finishes), then the fleet.
-        order = {"loadgen": 0, "collector": 1, "fleet": 2}
+        # Load first, then serve (so its last write finishes), then the fleet.
+        order = {"loadgen": 0, "serve": 1, "fleet": 2}
         _stop(sorted(children, key=lambda c: order.get(c[0], 9)))
         print("vigil demo: stopped; nothing left running.", flush=True)
     return code
@@ -234,9 +244,12 @@ def _banner(plan: DemoPlan, args: argparse.Namespace) -> str:
             f"DCGM {b}{SIM_DCGM_PATH}\n"
             for i, b in enumerate(plan.bases())
         )
-        + f"  collector: every {plan.scrape_interval} into {plan.data_dir / 'vigil.db'}\n"
+        + f"  vigil serve: scrapes every {plan.scrape_interval} into "
+        f"{plan.data_dir / 'vigil.db'}, evaluates SLOs and alerts, "
+        f"metrics http://127.0.0.1:{plan.serve_port}/metrics\n"
         + f"  load: {args.rate:g} -> {args.ramp_to:g} req/s over {args.ramp:g}s, then steady\n"
         + f"  see targets:  vigil targets --config {plan.config_path}\n"
         + f"  SLO status:   vigil slo status --config {plan.config_path}\n"
+        + f"  alerts:       vigil alerts --config {plan.config_path}\n"
         + "Press Ctrl-C to stop everything."
     )
