@@ -222,6 +222,12 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
     return alerts_cli.run(args)
 
 
+def _cmd_rules(args: argparse.Namespace) -> int:
+    from alerts import rules_cli
+
+    return int(rules_cli.run(args))
+
+
 # --- slo ---------------------------------------------------------------------------------
 def _cmd_slo_status(args: argparse.Namespace) -> int:
     from slo import cli as slo_cli
@@ -285,6 +291,8 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
         ("serve", "collector + SLO evaluation + alerts + /metrics, in one",
          "vigil.serve", _cmd_serve),
         ("alerts", "firing alerts and the notification outbox", "vigil.alerts_cli", _cmd_alerts),
+        ("rules", "Prometheus recording/alert rules, scrape config and KEDA ScaledObjects",
+         "alerts.rules_cli", _cmd_rules),
         ("sim", "run a simulated vLLM fleet (no GPU needed)", "serving.sim.cli", _cmd_sim),
         ("loadgen", "send a mixed workload to a vLLM-compatible endpoint", "serving.loadgen",
          _cmd_loadgen),

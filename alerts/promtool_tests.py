@@ -1,0 +1,431 @@
+"""Pipeline step 7 of ``alerts.rules``: ``promtool test rules`` unit tests for the rules.
+
+For every pool the test feeds a small synthetic fleet (one input series per vLLM series the
+rules read) and states what every recording rule must record and which alerts must fire. The
+expected values are not typed in by hand: they are the embedded engine's own answers
+(``slo.sli.error_ratio``, ``slo.burn_rate.evaluate_slo``, ``slo.quantiles.model_quantiles``,
+``slo.signals``, ``slo.cost.pool_cost``) computed over the same samples with Prometheus 2.42's
+rules (``semantics="2"``), through ``SeriesSource``, an in-memory ``slo.source.Source``. So
+``promtool test rules`` passing means: Prometheus, running these rules, records the numbers
+``vigil slo status`` reports. promtool compares floats exactly, and it does agree bit for bit.
+
+The fleet of pool ``p``: replica ``R0`` (the pool's first vLLM target, else ``p-0``) serves
+every model of the pool's SLOs for two hours, one sample a minute, with fixed traffic per
+minute (``TRAFFIC``): 2 % errors, a TTFT and an e2e mix around the seed's thresholds, KV-cache
+usage 0.95, 7 requests waiting. Replica ``R1`` (the second target, else ``p-1``) is down all
+along (``up`` 0, no vLLM series). With the seed's SLOs this pages on availability (burn 100),
+files tickets on the error rate and TTFT, leaves e2e alone, and raises ``KvCacheUsageHigh``,
+``TargetDown`` and ``ErrorBudgetLow``.
+
+Counters start at 0 and grow by whole numbers, and the evaluation time sits between two
+samples: then a range's left edge never falls on a sample, and Prometheus 3.x (left-open
+ranges) sees the same samples as 2.42. With these inputs the 3.x rules (Kahan sums, its
+``avg_over_time``) give the very same floats too (``tests/test_rules_pipeline.py`` checks it).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from alerts.rules_model import Rule, RuleGroup, prom_duration
+from alerts.rules_promql import le_label, promql_string
+from slo.aggregate import instant_vector, sum_by
+from slo.burn_rate import budget_remaining, burn_rate, evaluate_slo
+from slo.cost import pool_cost
+from slo.embedded import avg_over_time_value
+from slo.lookup import Semantics, SemanticsLike, select_range, semantics_of
+from slo.quantile import Bucket, parse_le
+from slo.quantiles import model_quantiles, quantile_key
+from slo.rate import increase
+from slo.signals import kv_usage_at, queue_length_at
+from slo.sli import error_ratio
+from slo.source import Matchers
+from slo.spec import SloSpec
+from vigil.config import Config, PoolConfig
+from vigil.conventions import (
+    FILE_ALERT_RULES,
+    FILE_SLO_RULES,
+    FINISHED_REASON_ERROR,
+    KIND_VLLM,
+    LABEL_FINISHED_REASON,
+    LABEL_INSTANCE,
+    LABEL_KIND,
+    LABEL_LE,
+    LABEL_MODEL_NAME,
+    LABEL_POOL,
+    LABEL_SLO,
+    SERIES_UP,
+    SUFFIX_BUCKET,
+    VLLM_E2E,
+    VLLM_KV_CACHE_USAGE,
+    VLLM_REQUEST_LATENCY_BUCKETS,
+    VLLM_REQUEST_SUCCESS,
+    VLLM_REQUESTS_WAITING,
+    VLLM_TTFT,
+    VLLM_TTFT_BUCKETS,
+)
+from vigil.model import Labels, Point, labels_of
+
+__all__ = [
+    "INPUT_INTERVAL_S",
+    "INPUT_STEPS",
+    "TRAFFIC",
+    "EngineExpectations",
+    "InputSeries",
+    "SeriesSource",
+    "eval_time_for",
+    "pool_inputs",
+    "promtool_test_document",
+    "render_template",
+]
+
+#: One input sample a minute for two hours (121 samples, at 0, 1m, ..., 120m).
+INPUT_INTERVAL_S = 60.0
+INPUT_STEPS = 120
+_ENGINE_LABEL = "engine"
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What the serving replica does every minute, per model (counts per minute, seconds)."""
+
+    finished: Mapping[str, int]
+    ttft_s: Sequence[float]
+    e2e_s: Sequence[float]
+    kv_cache_usage: float
+    waiting: int
+
+
+TRAFFIC = Traffic(
+    finished={"stop": 45, "length": 3, "abort": 1, FINISHED_REASON_ERROR: 1, "repetition": 0},
+    ttft_s=(0.05,) * 30 + (0.3,) * 10 + (0.9,) * 6 + (1.5,) * 4,
+    e2e_s=(2.0,) * 45 + (6.0,) * 5,
+    kv_cache_usage=0.95,
+    waiting=7,
+)
+
+
+@dataclass(frozen=True)
+class InputSeries:
+    """One promtool input series: ``start + step × i`` for i = 0..``INPUT_STEPS`` (minutes)."""
+
+    name: str
+    labels: Mapping[str, str]
+    start: float
+    step: float
+
+    def series(self) -> str:
+        inner = ", ".join(f"{k}={promql_string(v)}" for k, v in self.labels.items())
+        return f"{self.name}{{{inner}}}"
+
+    def values(self) -> str:
+        return f"{_num(self.start)}+{_num(self.step)}x{INPUT_STEPS}"
+
+    def points(self) -> list[Point]:
+        # promtool expands "a+bxn" by repeated addition; whole numbers keep that exact.
+        out, value = [], float(self.start)
+        for i in range(INPUT_STEPS + 1):
+            out.append(Point(round(i * INPUT_INTERVAL_S * 1000), value))
+            value += self.step
+        return out
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _histogram(base: str, labels: Mapping[str, str], bounds: Sequence[float],
+               observations: Sequence[float]) -> list[InputSeries]:
+    out = []
+    for bound in (*bounds, math.inf):
+        per_minute = sum(1 for v in observations if v <= bound)
+        out.append(InputSeries(base + SUFFIX_BUCKET, {**labels, LABEL_LE: le_label(bound)},
+                               0, per_minute))
+    return out
+
+
+def _replica_names(config: Config, pool: PoolConfig) -> tuple[str, str]:
+    names = [t.name for t in config.targets if t.pool == pool.name and t.kind == KIND_VLLM]
+    serving = names[0] if names else f"{pool.name}-0"
+    down = names[1] if len(names) > 1 else f"{pool.name}-1"
+    if down == serving:  # pragma: no cover - target names are unique
+        down += "-down"
+    return serving, down
+
+
+def pool_inputs(config: Config, pool: PoolConfig, specs: Sequence[SloSpec],
+                traffic: Traffic = TRAFFIC) -> list[InputSeries]:
+    """The synthetic series of one pool (see the module docs)."""
+    serving, down = _replica_names(config, pool)
+    others = {s.model for s in specs if s.pool == pool.name} - {pool.model}
+    models = [pool.model, *sorted(others)]
+    series: list[InputSeries] = []
+    for instance, up in ((serving, 1.0), (down, 0.0)):
+        target = {LABEL_INSTANCE: instance, LABEL_POOL: pool.name, LABEL_KIND: KIND_VLLM}
+        series.append(InputSeries(SERIES_UP, target, up, 0))
+    target = {LABEL_INSTANCE: serving, LABEL_POOL: pool.name, LABEL_KIND: KIND_VLLM}
+    for model in models:
+        labels = {**target, _ENGINE_LABEL: "0", LABEL_MODEL_NAME: model}
+        series.append(InputSeries(VLLM_KV_CACHE_USAGE, labels, traffic.kv_cache_usage, 0))
+        series.append(InputSeries(VLLM_REQUESTS_WAITING, labels, traffic.waiting, 0))
+        for reason, count in traffic.finished.items():
+            series.append(InputSeries(VLLM_REQUEST_SUCCESS,
+                                      {**labels, LABEL_FINISHED_REASON: reason}, 0, count))
+        series += _histogram(VLLM_TTFT, labels, VLLM_TTFT_BUCKETS, traffic.ttft_s)
+        series += _histogram(VLLM_E2E, labels, VLLM_REQUEST_LATENCY_BUCKETS, traffic.e2e_s)
+    return series
+
+
+class SeriesSource:
+    """``slo.source.Source`` over in-memory series (no staleness markers), computed with the
+    same ``slo.promql`` primitives as ``EmbeddedSource``."""
+
+    kind = "memory"
+
+    def __init__(self, series: Iterable[InputSeries], *, semantics: SemanticsLike = "2",
+                 lookback_s: float = 300.0) -> None:
+        self.semantics: Semantics = semantics_of(semantics)
+        self.lookback_s = lookback_s
+        self._series: dict[str, dict[Labels, list[Point]]] = {}
+        for s in series:
+            self._series.setdefault(s.name, {})[labels_of(s.labels)] = s.points()
+
+    def _select(self, metric: str, matchers: Matchers) -> dict[Labels, list[Point]]:
+        return {
+            labels: points for labels, points in self._series.get(metric, {}).items()
+            if all(dict(labels).get(k, "") == v for k, v in matchers.items())
+        }
+
+    def _per_series_increase(self, metric: str, matchers: Matchers, at_s: float,
+                             window_s: float) -> dict[Labels, float]:
+        out = {}
+        for labels, pts in self._select(metric, matchers).items():
+            value = increase([p.ts_ms for p in pts], [p.value for p in pts], at_s, window_s,
+                             self.semantics)
+            if value is not None:
+                out[labels] = value
+        return out
+
+    def increase(self, metric: str, matchers: Matchers, at_s: float, window_s: float,
+                 by: Sequence[str] = ()) -> dict[Labels, float]:
+        return sum_by(self._per_series_increase(metric, matchers, at_s, window_s), by,
+                      self.semantics)
+
+    def bucket_increase(self, metric: str, matchers: Matchers, at_s: float, window_s: float,
+                        by: Sequence[str] = ()) -> dict[Labels, list[Bucket]]:
+        per_series = self._per_series_increase(metric + SUFFIX_BUCKET, matchers, at_s,
+                                               window_s)
+        summed = sum_by(per_series, (*by, LABEL_LE), self.semantics)
+        groups: dict[Labels, list[Bucket]] = {}
+        for labels, value in summed.items():
+            le = parse_le(dict(labels).get(LABEL_LE, ""))
+            if le is None:
+                continue
+            key = tuple((k, v) for k, v in labels if k in by)
+            groups.setdefault(key, []).append((le, value))
+        return groups
+
+    def instant(self, metric: str, matchers: Matchers, at_s: float) -> dict[Labels, float]:
+        data = {labels: ([p.ts_ms for p in pts], [p.value for p in pts])
+                for labels, pts in self._select(metric, matchers).items()}
+        return instant_vector(data, at_s, self.lookback_s, self.semantics)
+
+    def avg_over_time(self, metric: str, matchers: Matchers, at_s: float,
+                      window_s: float) -> dict[Labels, float]:
+        out = {}
+        for labels, pts in self._select(metric, matchers).items():
+            window = select_range([p.ts_ms for p in pts], [p.value for p in pts], at_s,
+                                  window_s, self.semantics)
+            value = avg_over_time_value(window.values.tolist(), self.semantics)
+            if value is not None:
+                out[labels] = value
+        return out
+
+    def samples(self, metric: str, matchers: Matchers, at_s: float,
+                range_s: float) -> dict[Labels, list[Point]]:
+        out = {}
+        for labels, pts in self._select(metric, matchers).items():
+            window = select_range([p.ts_ms for p in pts], [p.value for p in pts], at_s,
+                                  range_s, self.semantics)
+            if window.ts_ms.size:
+                out[labels] = [Point(int(t), float(v)) for t, v in
+                               zip(window.ts_ms.tolist(), window.values.tolist(), strict=True)]
+        return out
+
+
+def eval_time_for(interval_s: float) -> float:
+    """The test's evaluation time (seconds): a multiple of the rule interval (promtool
+    evaluates the rules every ``interval_s``), shortly before the last input sample, off the
+    one-minute sample grid when the interval allows it."""
+    last = INPUT_STEPS * INPUT_INTERVAL_S - INPUT_INTERVAL_S / 2  # 119m30s
+    k = math.floor(last / interval_s)
+    for candidate in range(k, max(k - 120, 0), -1):
+        t = candidate * interval_s
+        if t % INPUT_INTERVAL_S and t >= INPUT_INTERVAL_S * 10:
+            return t
+    return k * interval_s
+
+
+_TEMPLATE_LABEL = re.compile(r"\{\{ \$labels\.([A-Za-z_][A-Za-z0-9_]*) \}\}")
+
+
+def render_template(template: str, labels: Mapping[str, str]) -> str:
+    """An annotation as Prometheus renders it, for the ``{{ $labels.x }}`` templates the
+    rules use (a missing label renders as the empty string, as Go's templates do)."""
+    return _TEMPLATE_LABEL.sub(lambda m: labels.get(m.group(1), ""), template)
+
+
+def _series_text(name: str, labels: Mapping[str, str]) -> str:
+    inner = ", ".join(f"{k}={promql_string(v)}" for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}}"
+
+
+@dataclass
+class EngineExpectations:
+    """The embedded engine's answer to each rule of one pool, at one time, from ``source``:
+    what a recording rule must record, which alerts an alerting rule must fire."""
+
+    config: Config
+    pool: PoolConfig
+    specs: Sequence[SloSpec]
+    source: SeriesSource
+    at_s: float
+
+    def recorded(self, rule: Rule) -> list[tuple[dict[str, str], float]]:
+        """The samples (labels without the name, value) ``rule`` must record at the
+        evaluation time; none where the engine has no number (``None``)."""
+        return [(labels, float(v)) for labels, v in self._recorded(rule)
+                if v is not None and math.isfinite(v)]
+
+    def _recorded(self, rule: Rule) -> list[tuple[dict[str, str], float | None]]:
+        o = rule.origin
+        at, src = self.at_s, self.source
+        if o.slo:
+            labels = dict(rule.labels)
+            spec = next(s for s in self.specs if s.name == o.slo)
+            if o.kind == "objective":
+                return [(labels, spec.objective)]
+            if o.kind == "error_budget":
+                return [(labels, spec.error_budget)]
+            if o.kind == "time_period_days":
+                return [(labels, spec.period_s / 86400.0)]
+            assert o.window_s is not None
+            ratio = error_ratio(spec, src, at, o.window_s).error_ratio
+            if o.kind == "sli_error":
+                return [(labels, ratio)]
+            if o.kind in ("current_burn_rate", "period_burn_rate"):
+                return [(labels, burn_rate(ratio, spec.objective))]
+            if o.kind == "period_budget_remaining":
+                return [(labels, budget_remaining(ratio, spec.objective))]
+            raise ValueError(f"no expectation for {o.kind!r}")
+        labels = {LABEL_POOL: self.pool.name}
+        if o.kind == "quantile":
+            assert o.window_s is not None and o.quantile is not None
+            per_model = model_quantiles(src, self.pool.name, at, o.window_s)
+            return [({**labels, LABEL_MODEL_NAME: model},
+                     blocks["quantiles"][o.signal][quantile_key(o.quantile)])
+                    for model, blocks in per_model.items()]
+        if o.kind in ("kv_avg", "kv_max"):
+            kv = kv_usage_at(src, self.pool, at)
+            return [(labels, None if kv is None else kv[0 if o.kind == "kv_avg" else 1])]
+        if o.kind == "queue":
+            return [(labels, queue_length_at(src, self.pool, at))]
+        if o.kind in ("gpu_cost", "gpu_cost_per_1000"):
+            cost = pool_cost(src, self.config, self.pool, at, o.window_s)
+            return [(labels, cost["cost_usd" if o.kind == "gpu_cost" else "per_1000_requests"])]
+        raise ValueError(f"no expectation for {o.kind!r}")
+
+    def alerts(self, rule: Rule) -> list[dict[str, str]]:
+        """The label sets of the alerts ``rule`` must have firing."""
+        o = rule.origin
+        at, src = self.at_s, self.source
+        if o.slo:
+            spec = next(s for s in self.specs if s.name == o.slo)
+            report = evaluate_slo(spec, src, at, self.config.engine.burn_rate_alerts)
+            series = {LABEL_SLO: spec.name, LABEL_POOL: spec.pool, LABEL_MODEL_NAME: spec.model}
+            if o.kind == "burn_alert":
+                fires = o.severity in report.alerts
+            elif o.kind == "budget_low":
+                remaining = report.budget_remaining
+                fires = remaining is not None and remaining < self.config.alerts.budget_low_ratio
+            else:
+                raise ValueError(f"no expectation for {o.kind!r}")
+            return [{**series, **rule.labels}] if fires else []
+        held = at >= rule.for_s  # the fleet's values are constant from time 0
+        out = []
+        if o.kind == "kv_high":
+            matchers = {LABEL_POOL: self.pool.name, LABEL_KIND: KIND_VLLM}
+            per_instance: dict[str, list[float]] = {}
+            for labels, value in src.instant(VLLM_KV_CACHE_USAGE, matchers, at).items():
+                per_instance.setdefault(dict(labels)[LABEL_INSTANCE], []).append(value)
+            for instance, values in sorted(per_instance.items()):
+                mean = math.fsum(values) / len(values)
+                if held and mean > self.config.scaling.admission_kv_usage:
+                    out.append({LABEL_POOL: self.pool.name, LABEL_INSTANCE: instance,
+                                **rule.labels})
+            return out
+        if o.kind == "target_down":
+            matchers = {LABEL_POOL: self.pool.name}
+            if o.instance:
+                matchers[LABEL_INSTANCE] = o.instance
+            for labels, value in sorted(src.instant(SERIES_UP, matchers, at).items()):
+                if held and value == 0:
+                    out.append({**dict(labels), **rule.labels})
+            return out
+        raise ValueError(f"no expectation for {o.kind!r}")
+
+
+def _pool_rules(groups: Sequence[RuleGroup], pool: str) -> list[Rule]:
+    return [r for g in groups for r in g.rules if r.origin.pool == pool]
+
+
+def _pool_test(config: Config, pool: PoolConfig, specs: Sequence[SloSpec],
+               recording: Sequence[RuleGroup], alerting: Sequence[RuleGroup],
+               at_s: float) -> dict[str, Any]:
+    pool_specs = [s for s in specs if s.pool == pool.name]
+    inputs = pool_inputs(config, pool, pool_specs)
+    expect = EngineExpectations(config, pool, pool_specs, SeriesSource(inputs), at_s)
+    eval_time = prom_duration(at_s)
+    expr_tests = []
+    for rule in _pool_rules(recording, pool.name):
+        slo = rule.origin.slo
+        selector = _series_text(rule.record, {LABEL_SLO: slo} if slo else {LABEL_POOL: pool.name})
+        samples = [{"labels": _series_text(rule.record, labels), "value": value}
+                   for labels, value in expect.recorded(rule)]
+        expr_tests.append({"expr": selector, "eval_time": eval_time, "exp_samples": samples})
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for rule in _pool_rules(alerting, pool.name):
+        bucket = by_name.setdefault(rule.alert, [])
+        for labels in expect.alerts(rule):
+            bucket.append({
+                "exp_labels": dict(sorted(labels.items())),
+                "exp_annotations": {k: render_template(v, labels)
+                                    for k, v in rule.annotations.items()},
+            })
+    alert_tests = [{"eval_time": eval_time, "alertname": name, "exp_alerts": alerts}
+                   for name, alerts in by_name.items()]
+    return {
+        "name": f"pool {pool.name}",
+        "interval": prom_duration(INPUT_INTERVAL_S),
+        "input_series": [{"series": s.series(), "values": s.values()} for s in inputs],
+        "promql_expr_test": expr_tests,
+        "alert_rule_test": alert_tests,
+    }
+
+
+def promtool_test_document(config: Config, specs: Sequence[SloSpec],
+                           recording: Sequence[RuleGroup], alerting: Sequence[RuleGroup],
+                           interval_s: float) -> dict[str, Any]:
+    """The ``promtool test rules`` file: one test group per pool, reading the two rule files
+    from its own folder."""
+    at_s = eval_time_for(interval_s)
+    return {
+        "rule_files": [FILE_SLO_RULES, FILE_ALERT_RULES],
+        "evaluation_interval": prom_duration(interval_s),
+        "tests": [_pool_test(config, pool, specs, recording, alerting, at_s)
+                  for pool in config.pools],
+    }

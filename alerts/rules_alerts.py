@@ -1,0 +1,227 @@
+"""Pipeline step 5 of ``alerts.rules``: the alerting rules.
+
+Per SLO (group ``vigil-slo-alerts-<slo>``):
+
+* ``ErrorBudgetBurn`` with ``severity`` ``page`` and ``ticket``: the multiwindow,
+  multi-burn-rate rows of ``[engine] burn_rate_alerts`` of that severity, OR-ed; a row fires
+  when the burn rate over its long AND its short window is strictly above its factor, as
+  ``slo.burn_rate.firing_alerts`` decides (a window without data never fires). The burn rate is
+  compared as ``error_ratio / (1 - objective) > factor``, the engine's very division, not as
+  ``error_ratio > factor × budget``, which can round differently at the edge;
+* ``ErrorBudgetLow`` (``ticket``): the period's remaining budget below ``[alerts]
+  budget_low_ratio``.
+
+Per pool (group ``vigil-pool-alerts-<pool>``):
+
+* ``KvCacheUsageHigh`` (``ticket``): a replica's KV-cache usage (its engines averaged) above
+  ``[scaling] admission_kv_usage`` for ``RulesOptions.kv_alert_for_s``: vLLM then starts
+  refusing requests on that replica;
+* ``TargetDown`` (``ticket``): ``up == 0`` for ``[alerts] target_down_scrapes`` consecutive
+  scrapes, i.e. for ``(N - 1) × scrape interval`` (the first failed scrape starts the clock).
+  One rule for the pool when its targets share a scrape interval, else one per target.
+
+Every alert carries ``severity`` and the ``model`` label of Vigil's own alerts; the series
+labels (``slo``, ``pool``, ``model_name``, ``instance``) come from the expression.
+Annotations use only ``$labels`` (never ``$value``), so that the generated promtool tests can
+state them exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from alerts.rules_model import Origin, Rule, RuleGroup, RulesOptions, prom_duration
+from alerts.rules_promql import number, replica_kv_usage_expr, selector, sli_error_expr
+from alerts.rules_sli import (
+    budget_expr,
+    period_remaining_standalone,
+    sli_record_name,
+    slo_selector,
+)
+from slo.spec import SloSpec
+from vigil.config import BurnRateAlert, Config, PoolConfig
+from vigil.conventions import (
+    ALERT_ERROR_BUDGET_BURN,
+    ALERT_ERROR_BUDGET_LOW,
+    ALERT_KV_CACHE_HIGH,
+    ALERT_TARGET_DOWN,
+    ANNOTATION_DASHBOARD_URL,
+    ANNOTATION_DESCRIPTION,
+    ANNOTATION_SUMMARY,
+    GROUP_POOL_ALERTS,
+    GROUP_SLO_ALERTS,
+    LABEL_INSTANCE,
+    LABEL_MODEL,
+    LABEL_POOL,
+    LABEL_SEVERITY,
+    LABEL_SLO,
+    RULE_PERIOD_BUDGET_REMAINING,
+    SERIES_UP,
+    SEVERITY_TICKET,
+)
+
+__all__ = ["alert_rules", "burn_alert_expr", "severities"]
+
+
+def severities(table: Sequence[BurnRateAlert]) -> list[str]:
+    """The severities of the burn-rate table, each once, in table order."""
+    out: list[str] = []
+    for row in table:
+        if row.severity not in out:
+            out.append(row.severity)
+    return out
+
+
+def _row(spec: SloSpec, row: BurnRateAlert, *, standalone: bool) -> str:
+    budget = budget_expr(spec)
+    factor = number(row.factor)
+    parts = []
+    for window in (row.long_window, row.short_window):
+        if standalone:
+            inner = "\n".join("  " + line for line in sli_error_expr(spec, window).split("\n"))
+            ratio = f"(\n{inner}\n)"
+        else:
+            ratio = slo_selector(sli_record_name(window), spec)
+        parts.append(f"{ratio} / {budget} > {factor}")
+    body = f"{parts[0]}\nand\n{parts[1]}"
+    return "(\n" + "\n".join("  " + line for line in body.split("\n")) + "\n)"
+
+
+def burn_alert_expr(spec: SloSpec, rows: Sequence[BurnRateAlert], *,
+                    standalone: bool = False) -> str:
+    """The OR of the rows' ``long > factor and short > factor`` conditions."""
+    return "\nor\n".join(_row(spec, row, standalone=standalone) for row in rows)
+
+
+def _slo_labels(spec: SloSpec) -> dict[str, str]:
+    # The static `slo` and `pool` make each rule's (name, labels) unique, which `promtool
+    # check rules` requires; `model` is the label Vigil's own alerts carry.
+    return {LABEL_SLO: spec.name, LABEL_POOL: spec.pool, LABEL_MODEL: spec.model}
+
+
+def _rows_text(rows: Sequence[BurnRateAlert]) -> str:
+    return ", or ".join(
+        f"{prom_duration(r.long_window)} and {prom_duration(r.short_window)} "
+        f"above {number(r.factor)}x" for r in rows
+    )
+
+
+def _slo_alerts(spec: SloSpec, config: Config) -> tuple[Rule, ...]:
+    table = config.engine.burn_rate_alerts
+    dashboard = config.alerts.dashboard_url
+    rules: list[Rule] = []
+    for severity in severities(table):
+        rows = [r for r in table if r.severity == severity]
+        rules.append(Rule(
+            alert=ALERT_ERROR_BUDGET_BURN,
+            expr=burn_alert_expr(spec, rows),
+            standalone=burn_alert_expr(spec, rows, standalone=True),
+            labels={LABEL_SEVERITY: severity, **_slo_labels(spec)},
+            annotations={
+                ANNOTATION_SUMMARY: f"SLO {{{{ $labels.slo }}}} burns its error budget too fast "
+                                    f"({severity})",
+                ANNOTATION_DESCRIPTION: (
+                    f"The {spec.indicator} SLO {{{{ $labels.slo }}}} of pool "
+                    f"{{{{ $labels.pool }}}} (objective {number(spec.objective)}) burns its "
+                    f"error budget faster than allowed: burn rate over "
+                    f"{_rows_text(rows)}."
+                ),
+                ANNOTATION_DASHBOARD_URL: dashboard,
+            },
+            origin=Origin("burn_alert", slo=spec.name, pool=spec.pool, severity=severity),
+        ))
+    low = number(config.alerts.budget_low_ratio)
+    low_percent = f"{config.alerts.budget_low_ratio * 100:g} %"
+    remaining = slo_selector(RULE_PERIOD_BUDGET_REMAINING, spec)
+    rules.append(Rule(
+        alert=ALERT_ERROR_BUDGET_LOW,
+        expr=f"{remaining} < {low}",
+        standalone=f"{period_remaining_standalone(spec)} < {low}",
+        labels={LABEL_SEVERITY: SEVERITY_TICKET, **_slo_labels(spec)},
+        annotations={
+            ANNOTATION_SUMMARY: "SLO {{ $labels.slo }} has little error budget left",
+            ANNOTATION_DESCRIPTION: (
+                f"Less than {low_percent} of the {prom_duration(spec.period_s)} error budget "
+                f"of SLO "
+                f"{{{{ $labels.slo }}}} (pool {{{{ $labels.pool }}}}) is left."
+            ),
+            ANNOTATION_DASHBOARD_URL: dashboard,
+        },
+        origin=Origin("budget_low", slo=spec.name, pool=spec.pool, window_s=spec.period_s,
+                      severity=SEVERITY_TICKET),
+    ))
+    return tuple(rules)
+
+
+def _target_down(config: Config, pool: PoolConfig) -> list[Rule]:
+    targets = [t for t in config.targets if t.pool == pool.name]
+    if not targets:
+        return []
+    intervals = {config.scrape_interval(t) for t in targets}
+    scrapes = config.alerts.target_down_scrapes
+    # One selector per distinct scrape interval: the whole pool, or each target on its own.
+    selections: list[tuple[str, float]]  # (instance or "" for the pool, interval)
+    if len(intervals) == 1:
+        selections = [("", intervals.pop())]
+    else:
+        selections = [(t.name, config.scrape_interval(t)) for t in targets]
+    rules = []
+    for instance, interval in selections:
+        matchers = {LABEL_POOL: pool.name}
+        if instance:
+            matchers[LABEL_INSTANCE] = instance
+        rules.append(Rule(
+            alert=ALERT_TARGET_DOWN,
+            expr=f"{selector(SERIES_UP, matchers)} == 0",
+            for_s=(scrapes - 1) * interval,
+            labels={LABEL_SEVERITY: SEVERITY_TICKET, **matchers, LABEL_MODEL: pool.model},
+            annotations={
+                ANNOTATION_SUMMARY: "Target {{ $labels.instance }} of pool {{ $labels.pool }} "
+                                    "is down",
+                ANNOTATION_DESCRIPTION: (
+                    f"{scrapes} scrapes in a row of the {{{{ $labels.kind }}}} target "
+                    f"{{{{ $labels.instance }}}} failed (every {prom_duration(interval)})."
+                ),
+                ANNOTATION_DASHBOARD_URL: config.alerts.dashboard_url,
+            },
+            origin=Origin("target_down", pool=pool.name, instance=instance, window_s=interval,
+                          severity=SEVERITY_TICKET),
+        ))
+    return rules
+
+
+def _pool_alerts(config: Config, pool: PoolConfig, options: RulesOptions) -> tuple[Rule, ...]:
+    threshold = number(config.scaling.admission_kv_usage)
+    kv = Rule(
+        alert=ALERT_KV_CACHE_HIGH,
+        expr=f"{replica_kv_usage_expr(pool.name)} > {threshold}",
+        for_s=options.kv_alert_for_s,
+        labels={LABEL_SEVERITY: SEVERITY_TICKET, LABEL_POOL: pool.name, LABEL_MODEL: pool.model},
+        annotations={
+            ANNOTATION_SUMMARY: "KV cache of {{ $labels.instance }} (pool {{ $labels.pool }}) "
+                                "is nearly full",
+            ANNOTATION_DESCRIPTION: (
+                f"KV-cache usage of {{{{ $labels.instance }}}} has been above {threshold} for "
+                f"{prom_duration(options.kv_alert_for_s)}: vLLM starts refusing new requests. "
+                f"Add replicas to pool {{{{ $labels.pool }}}} (vigil slo status)."
+            ),
+            ANNOTATION_DASHBOARD_URL: config.alerts.dashboard_url,
+        },
+        origin=Origin("kv_high", pool=pool.name, severity=SEVERITY_TICKET),
+    )
+    return (kv, *_target_down(config, pool))
+
+
+def alert_rules(specs: Sequence[SloSpec], config: Config,
+                options: RulesOptions) -> list[RuleGroup]:
+    """The alert groups: one per SLO, then one per pool."""
+    groups = [
+        RuleGroup(f"{GROUP_SLO_ALERTS}-{spec.name}", options.interval_s, _slo_alerts(spec, config))
+        for spec in specs
+    ]
+    groups += [
+        RuleGroup(f"{GROUP_POOL_ALERTS}-{pool.name}", options.interval_s,
+                  _pool_alerts(config, pool, options))
+        for pool in config.pools
+    ]
+    return groups

@@ -1,0 +1,282 @@
+"""The PromQL of every number the rules record, written to equal the embedded engine's.
+
+Each builder mirrors one function of ``slo/`` and performs the same IEEE operations in the same
+order, so that Prometheus 2.42 evaluating the expression over the same samples gives the same
+float64 as ``EmbeddedSource(store, semantics="2")`` (``tests/test_rules_vs_prometheus.py``
+checks it to 1e-9 relative; it is in fact bit-identical):
+
+=============================  ===========================================================
+builder                        engine
+=============================  ===========================================================
+``latency_error_expr``         ``slo.sli`` ttft / e2e: ``1 - bucket_fraction_below(T)``
+``error_rate_expr``            ``slo.sli`` error_rate
+``availability_error_expr``    ``slo.sli`` availability
+``quantile_expr``              ``slo.quantiles.model_quantiles``
+``kv_usage_expr``              ``slo.signals.kv_usage_at`` (mean and max over replicas)
+``queue_length_expr``          ``slo.signals.queue_length_at``
+``gpu_cost_expr``              ``slo.cost.pool_cost`` ``cost_usd``
+``per_requests_expr``          ``slo.cost.pool_cost`` ``per_1000_requests``
+=============================  ===========================================================
+
+"No data" is an absent series, as the engine's ``None``: a ratio whose denominator is 0 is
+filtered out with ``> 0`` rather than recorded as NaN, and so is a NaN quantile (``>= 0``).
+
+Prometheus 2.42 has no ``histogram_fraction`` for classic histograms, so a latency threshold
+``T`` that is not a bucket bound is interpolated inside its bucket ``(a, b]`` in plain PromQL,
+exactly as ``slo.quantile.bucket_fraction_below`` does it::
+
+    good = inc(le=a) + (inc(le=b) - inc(le=a)) * (T - a) / (b - a)      # a, b: bucket bounds
+    error_ratio = 1 - good / inc(le="+Inf")
+
+with the lowest bucket starting at 0 (``good = inc(le=b0) * T / b0``) and a threshold above the
+highest finite bound counting that bound's bucket only (the ``+Inf`` bucket adds nothing below a
+finite threshold). The bounds are vLLM's defaults (``vigil.conventions.VLLM_*_BUCKETS``) and the
+``le`` values are spelled as vLLM's prometheus_client writes them (``"1.0"``, ``"+Inf"``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from prometheus_client.utils import floatToGoString
+
+from alerts.rules_model import prom_duration
+from slo.spec import SloSpec
+from vigil.conventions import (
+    FINISHED_REASON_ERROR,
+    KIND_VLLM,
+    LABEL_FINISHED_REASON,
+    LABEL_INSTANCE,
+    LABEL_KIND,
+    LABEL_LE,
+    LABEL_MODEL_NAME,
+    LABEL_POOL,
+    SERIES_UP,
+    SUFFIX_BUCKET,
+    VLLM_E2E,
+    VLLM_KV_CACHE_USAGE,
+    VLLM_REQUEST_LATENCY_BUCKETS,
+    VLLM_REQUEST_SUCCESS,
+    VLLM_REQUESTS_WAITING,
+    VLLM_TTFT,
+    VLLM_TTFT_BUCKETS,
+)
+
+__all__ = [
+    "LATENCY_METRICS",
+    "SLO_BY",
+    "availability_error_expr",
+    "bucket_bounds",
+    "error_rate_expr",
+    "gpu_cost_expr",
+    "kv_usage_expr",
+    "latency_error_expr",
+    "le_label",
+    "number",
+    "per_requests_expr",
+    "pool_matchers",
+    "promql_string",
+    "quantile_expr",
+    "queue_length_expr",
+    "replica_kv_usage_expr",
+    "selector",
+    "sli_error_expr",
+    "slo_matchers",
+]
+
+#: Latency indicator -> vLLM histogram (base name) and its default bucket bounds.
+LATENCY_METRICS: dict[str, tuple[str, tuple[float, ...]]] = {
+    "ttft": (VLLM_TTFT, VLLM_TTFT_BUCKETS),
+    "e2e": (VLLM_E2E, VLLM_REQUEST_LATENCY_BUCKETS),
+}
+#: The labels an SLI keeps: one series per SLO (the rule adds ``slo``).
+SLO_BY = (LABEL_POOL, LABEL_MODEL_NAME)
+_POOL_BY = (LABEL_POOL,)
+_INF = "+Inf"
+
+
+def promql_string(value: str) -> str:
+    """A PromQL double-quoted string literal."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def number(value: float) -> str:
+    """A PromQL number literal that parses back to exactly ``value`` (``0.95``, ``3600``)."""
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"not a finite number: {value!r}")
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+def le_label(bound: float) -> str:
+    """The ``le`` value of a bucket bound as vLLM exposes it (prometheus_client's
+    ``floatToGoString``: ``1.0`` -> ``"1.0"``, ``inf`` -> ``"+Inf"``)."""
+    return str(floatToGoString(bound))
+
+
+def selector(metric: str, matchers: Mapping[str, str]) -> str:
+    """``metric{k="v", ...}`` with the matchers in the given order."""
+    inner = ", ".join(f"{k}={promql_string(v)}" for k, v in matchers.items())
+    return f"{metric}{{{inner}}}"
+
+
+def pool_matchers(pool: str) -> dict[str, str]:
+    """A pool's vLLM series: ``{pool="<pool>", kind="vllm"}`` (``slo.sli.vllm_matchers``)."""
+    return {LABEL_POOL: pool, LABEL_KIND: KIND_VLLM}
+
+
+def slo_matchers(spec: SloSpec) -> dict[str, str]:
+    """The vLLM series an SLO reads: its pool's, of its model."""
+    return {**pool_matchers(spec.pool), LABEL_MODEL_NAME: spec.model}
+
+
+def _agg(op: str, by: Sequence[str]) -> str:
+    """``sum by (a, b) `` or plain ``sum`` (then the parenthesis follows directly)."""
+    return f"{op} by ({', '.join(by)}) " if by else op
+
+
+def _sum_increase(metric: str, matchers: Mapping[str, str], window: str,
+                  by: Sequence[str]) -> str:
+    return f"{_agg('sum', by)}(increase({selector(metric, matchers)}[{window}]))"
+
+
+def _indent(text: str, prefix: str = "  ") -> str:
+    return "\n".join(prefix + line if line else line for line in text.split("\n"))
+
+
+def bucket_bounds(indicator: str) -> tuple[str, tuple[float, ...]]:
+    """The vLLM histogram and its finite bucket bounds (ascending) for ``ttft`` / ``e2e``."""
+    try:
+        return LATENCY_METRICS[indicator]
+    except KeyError:
+        raise ValueError(f"{indicator!r} is not a latency indicator") from None
+
+
+def latency_error_expr(spec: SloSpec, window_s: float,
+                       bounds: Sequence[float] | None = None) -> str:
+    """``1 - bucket_fraction_below(threshold)`` of the SLO's histogram over the window."""
+    metric, default_bounds = bucket_bounds(spec.indicator)
+    les = sorted(float(b) for b in (default_bounds if bounds is None else bounds))
+    threshold = spec.threshold_seconds
+    if threshold is None or not (math.isfinite(threshold) and threshold > 0):
+        raise ValueError(f"SLO {spec.name!r}: a latency threshold must be > 0 seconds and "
+                         f"finite, got {threshold!r}")
+    if not les or les[0] <= 0:
+        # bucket_fraction_below's lowest bucket starts at -Inf when its bound is <= 0; the
+        # rules assume vLLM's positive bounds.
+        raise ValueError(f"SLO {spec.name!r}: bucket bounds must be positive, got {les!r}")
+    window = prom_duration(window_s)
+    m = slo_matchers(spec)
+
+    def bucket(le: float | str) -> str:
+        text = le if isinstance(le, str) else le_label(le)
+        return _sum_increase(metric + SUFFIX_BUCKET, {**m, LABEL_LE: text}, window, SLO_BY)
+
+    total = f"({bucket(_INF)} > 0)"
+    if threshold in les:
+        good = bucket(threshold)
+    elif threshold > les[-1]:
+        # Inside the +Inf bucket: it adds (inc(+Inf) - rank) * finite / Inf = 0 to the rank.
+        good = bucket(les[-1])
+    elif threshold < les[0]:
+        # The lowest bucket starts at 0: rank 0 + (inc(b0) - 0) * (T - 0) / (b0 - 0).
+        good = f"{bucket(les[0])} * {le_label(threshold)} / {le_label(les[0])}"
+    else:
+        upper = next(b for b in les if b > threshold)
+        lower = max(b for b in les if b < threshold)
+        # rank + (cum - rank) * (T - lower) / (upper - lower), in that order of operations.
+        good = (
+            f"{bucket(lower)}\n"
+            f"+ (\n"
+            f"{_indent(bucket(upper))}\n"
+            f"{_indent('- ' + bucket(lower))}\n"
+            f") * ({le_label(threshold)} - {le_label(lower)})"
+            f" / ({le_label(upper)} - {le_label(lower)})"
+        )
+    # 1 - good / total, as `1.0 - go_div(upper_rank - 0.0, count)` in the engine.
+    return "\n".join(["1 - (", "  (", _indent(good, "    "), "  )", "  /", f"  {total}", ")"])
+
+
+def error_rate_expr(spec: SloSpec, window_s: float) -> str:
+    """``increase(errors) / increase(all finished requests)`` of the SLO's model; no ``error``
+    series while others exist counts 0 errors (the engine's ``or vector(0)``)."""
+    window = prom_duration(window_s)
+    m = slo_matchers(spec)
+    total = _sum_increase(VLLM_REQUEST_SUCCESS, m, window, SLO_BY)
+    bad = _sum_increase(VLLM_REQUEST_SUCCESS, {**m, LABEL_FINISHED_REASON: FINISHED_REASON_ERROR},
+                        window, SLO_BY)
+    return f"(\n  {bad}\n  or\n  0 * {total}\n)\n/\n({total} > 0)"
+
+
+def availability_error_expr(spec: SloSpec, window_s: float) -> str:
+    """``1 - avg(avg_over_time(up{pool, kind="vllm"}[w]))``: the pool, not the model (``up``
+    has no ``model_name``; the rule adds it as a label)."""
+    window = prom_duration(window_s)
+    up = selector(SERIES_UP, pool_matchers(spec.pool))
+    return f"1 - {_agg('avg', _POOL_BY)}(avg_over_time({up}[{window}]))"
+
+
+def sli_error_expr(spec: SloSpec, window_s: float) -> str:
+    """The error ratio (0-1) of ``spec`` over ``window_s`` seconds: ``slo.sli.error_ratio``."""
+    if spec.is_latency:
+        return latency_error_expr(spec, window_s)
+    if spec.indicator == "error_rate":
+        return error_rate_expr(spec, window_s)
+    if spec.indicator == "availability":
+        return availability_error_expr(spec, window_s)
+    raise ValueError(f"SLO {spec.name!r}: unknown indicator {spec.indicator!r}")
+
+
+def quantile_expr(q: float, metric: str, pool: str, window_s: float,
+                  by: Sequence[str] = (LABEL_POOL, LABEL_MODEL_NAME)) -> str:
+    """``histogram_quantile(q, sum by (<by>, le) (increase(metric_bucket[w])))``, NaN (no
+    requests) filtered out. The engine sums ``increase`` too; ``rate`` would give the same
+    quantile, as every bucket differs by the same factor."""
+    inner = _sum_increase(metric + SUFFIX_BUCKET, pool_matchers(pool), prom_duration(window_s),
+                          (*by, LABEL_LE))
+    return f"histogram_quantile({number(q)}, {inner}) >= 0"
+
+
+def replica_kv_usage_expr(pool: str, by: Sequence[str] = _POOL_BY) -> str:
+    """Each replica's KV-cache usage (ratio 0-1): the mean of its data-parallel engines."""
+    labels = ", ".join((*by, LABEL_INSTANCE))
+    return f"avg by ({labels}) ({selector(VLLM_KV_CACHE_USAGE, pool_matchers(pool))})"
+
+
+def kv_usage_expr(pool: str, aggregation: str = "avg",
+                  by: Sequence[str] = _POOL_BY) -> str:
+    """Mean (``avg``) or ``max`` over the pool's replicas of each replica's KV-cache usage
+    (``replica_kv_usage_expr``)."""
+    if aggregation not in ("avg", "max"):
+        raise ValueError(f"aggregation must be 'avg' or 'max', got {aggregation!r}")
+    return f"{_agg(aggregation, by)}({replica_kv_usage_expr(pool, by)})"
+
+
+def queue_length_expr(pool: str, by: Sequence[str] = _POOL_BY) -> str:
+    """Requests waiting, summed over the pool's replicas."""
+    return f"{_agg('sum', by)}({selector(VLLM_REQUESTS_WAITING, pool_matchers(pool))})"
+
+
+def gpu_cost_expr(pool: str, window_s: float, gpus_per_replica: int, usd_per_gpu_hour: float,
+                  by: Sequence[str] = _POOL_BY) -> str:
+    """USD the pool's up replicas cost over the window: ``sum(avg_over_time(up[w])) × w / 3600
+    × gpus × price``, in the engine's order of operations (``slo.cost.gpu_hours``)."""
+    up = selector(SERIES_UP, pool_matchers(pool))
+    window = prom_duration(window_s)
+    return (f"{_agg('sum', by)}(avg_over_time({up}[{window}])) * {number(window_s)} / 3600"
+            f" * {number(gpus_per_replica)} * {number(usd_per_gpu_hour)}")
+
+
+def per_requests_expr(cost: str, pool: str, window_s: float, unit: float = 1000.0,
+                      by: Sequence[str] = _POOL_BY) -> str:
+    """``cost / requests × unit`` with requests = every finished request in the window;
+    absent without requests. ``cost`` is an expression or a recorded series."""
+    requests = _sum_increase(VLLM_REQUEST_SUCCESS, pool_matchers(pool), prom_duration(window_s),
+                             by)
+    if " " in cost:
+        cost = f"(\n{_indent(cost)}\n)"
+    return f"{cost}\n/\n({requests} > 0)\n* {number(unit)}"

@@ -1,0 +1,280 @@
+"""``vigil rules keda``: one KEDA ScaledObject per pool, valid against KEDA's own CRD.
+
+The CRD (``tests/fixtures/keda_scaledobjects_crd.yaml``, KEDA 2.20.x, verbatim) is what the
+Kubernetes API server validates a ScaledObject with. Checked here: its ``openAPIV3Schema`` with
+jsonschema; the fields it does not close (Kubernetes prunes or, with strict field validation,
+refuses unknown fields; JSON schema lets them through) by walking the object against the
+schema's properties; its CEL rule ``minReplicaCount <= maxReplicaCount`` (which JSON schema
+cannot express) by hand; and the behaviour the seed asks for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from alerts import rules_cli
+from alerts.keda import (
+    DEFAULT_PROMETHEUS_URL,
+    MIN_SCALE_DOWN_STABILIZATION_S,
+    KedaOptions,
+    generate_keda,
+    scaled_object,
+)
+from alerts.rules_promql import kv_usage_expr, queue_length_expr
+from vigil.config import Config, parse_config
+from vigil.errors import ConfigError
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+GOLDEN = Path(__file__).resolve().parent / "golden" / "rules"
+CRD = yaml.safe_load((FIXTURES / "keda_scaledobjects_crd.yaml").read_text())
+VERSION = next(v for v in CRD["spec"]["versions"] if v["name"] == "v1alpha1")
+SCHEMA = VERSION["schema"]["openAPIV3Schema"]
+#: The CEL rules of spec, as the CRD states them (the test below implements each).
+CEL_RULES = [r["rule"] for r in SCHEMA["properties"]["spec"].get("x-kubernetes-validations", [])]
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def _config(**extra: Any) -> Config:
+    return parse_config({
+        "pools": [
+            {"name": "chat", "model": MODEL, "min_replicas": 2, "max_replicas": 10},
+            {"name": "batch", "model": "Qwen/Qwen2.5-7B-Instruct", "min_replicas": 0,
+             "max_replicas": 3},
+            {"name": "solo", "model": MODEL, "min_replicas": 1, "max_replicas": 1},
+        ],
+        **extra,
+    })
+
+
+def _unknown_fields(obj: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Fields of ``obj`` that the structural schema does not declare (Kubernetes would prune
+    them, or refuse them under strict field validation)."""
+    out: list[str] = []
+    if isinstance(obj, dict):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key, value in obj.items():
+            if props is not None and key in props:
+                out += _unknown_fields(value, props[key], f"{path}.{key}")
+            elif isinstance(extra, dict):
+                out += _unknown_fields(value, extra, f"{path}.{key}")
+            elif not schema.get("x-kubernetes-preserve-unknown-fields") and path != ".metadata":
+                out.append(f"{path}.{key}")
+    elif isinstance(obj, list) and "items" in schema:
+        for i, item in enumerate(obj):
+            out += _unknown_fields(item, schema["items"], f"{path}[{i}]")
+    return out
+
+
+def _cel_min_le_max(spec: dict[str, Any]) -> bool:
+    """``!has(self.minReplicaCount) || self.minReplicaCount <= (has(self.maxReplicaCount) ?
+    self.maxReplicaCount : 100)``."""
+    if "minReplicaCount" not in spec:
+        return True
+    return spec["minReplicaCount"] <= spec.get("maxReplicaCount", 100)
+
+
+def _check(obj: dict[str, Any]) -> None:
+    jsonschema.validate(obj, SCHEMA)
+    assert _unknown_fields(obj, SCHEMA) == []
+    assert _cel_min_le_max(obj["spec"])
+    assert obj["apiVersion"] == f"{CRD['spec']['group']}/{VERSION['name']}"
+    assert obj["kind"] == CRD["spec"]["names"]["kind"]
+
+
+def test_the_crd_has_the_one_cel_rule_we_implement() -> None:
+    assert CEL_RULES == [
+        "!has(self.minReplicaCount) || self.minReplicaCount <= (has(self.maxReplicaCount) ? "
+        "self.maxReplicaCount : 100)"
+    ]
+    assert _cel_min_le_max({"minReplicaCount": 3, "maxReplicaCount": 2}) is False
+    assert _cel_min_le_max({"minReplicaCount": 101}) is False
+    assert _cel_min_le_max({"maxReplicaCount": 2}) is True
+
+
+def test_every_scaled_object_validates_against_the_crd() -> None:
+    result = generate_keda(_config())
+    assert [o["metadata"]["name"] for o in result.objects] == [
+        "vigil-chat", "vigil-batch", "vigil-solo"]
+    for obj in result.objects:
+        _check(obj)
+    for case in ("seed", "fleet"):  # the golden files, as kubectl would read them
+        for obj in yaml.safe_load_all((GOLDEN / case / "vigil-keda.yml").read_text()):
+            _check(obj)
+
+
+def test_the_schema_check_is_not_vacuous() -> None:
+    obj, _ = scaled_object(_config(), _config().pools[0])
+    broken = {**obj, "spec": {**obj["spec"], "minReplicaCount": -1}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, SCHEMA)
+    typo = {**obj, "spec": {**obj["spec"], "cooldownPeriode": 3}}
+    assert _unknown_fields(typo, SCHEMA) == [".spec.cooldownPeriode"]
+    swapped = {**obj["spec"], "minReplicaCount": 9, "maxReplicaCount": 2}
+    assert not _cel_min_le_max(swapped)
+
+
+def test_replica_bounds_come_from_the_pool() -> None:
+    config = _config()
+    for obj, pool in zip(generate_keda(config).objects, config.pools, strict=True):
+        spec = obj["spec"]
+        assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (
+            pool.min_replicas, pool.max_replicas)
+        assert spec["minReplicaCount"] <= spec["maxReplicaCount"]
+        assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                          "name": pool.name}
+
+
+def test_scale_up_is_fast_and_scale_down_waits_at_least_600s() -> None:
+    for hold, expected in (("5m", 600), ("10m", 600), ("15m", 900), ("2h", 3600)):
+        config = _config(scaling={"scale_in_hold": hold})
+        result = generate_keda(config)
+        for obj in result.objects:
+            behavior = obj["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+            up, down = behavior["scaleUp"], behavior["scaleDown"]
+            assert up["stabilizationWindowSeconds"] == 0
+            assert up["selectPolicy"] == "Max"
+            assert {"type": "Percent", "value": 100, "periodSeconds": 15} in up["policies"]
+            assert {"type": "Pods", "value": 4, "periodSeconds": 15} in up["policies"]
+            assert down["stabilizationWindowSeconds"] >= MIN_SCALE_DOWN_STABILIZATION_S
+            assert down["stabilizationWindowSeconds"] == expected
+            # One replica at a time, every scale_in_hold (capped at Kubernetes' 30 min).
+            assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds":
+                                         min(1800, int(config.scaling.scale_in_hold))}]
+            # cooldownPeriod only matters for scaling to zero: not relied on for the cooldown.
+            assert obj["spec"]["cooldownPeriod"] == down["stabilizationWindowSeconds"]
+        capped = [w for w in result.warnings if "capped" in w]
+        assert bool(capped) == (hold == "2h")
+
+
+def test_triggers_are_single_element_queries_with_the_scaling_thresholds() -> None:
+    config = _config(scaling={"scale_out_queue_length": 20, "scale_out_kv_usage": 0.7},
+                     slos=[{"name": "chat-ttft", "pool": "chat", "indicator": "ttft",
+                            "threshold_seconds": 0.5}])
+    obj, warnings = scaled_object(config, config.pools[0])
+    assert warnings == []
+    triggers = {t["name"]: t for t in obj["spec"]["triggers"]}
+    assert list(triggers) == ["queue-length", "kv-cache-usage", "ttft-p95"]
+    for t in triggers.values():
+        assert t["type"] == "prometheus" and t["metricType"] == "Value"
+        assert t["metadata"]["serverAddress"] == DEFAULT_PROMETHEUS_URL
+        query = t["metadata"]["query"]
+        assert query.endswith(" or vector(0)")  # one element even when there is no data
+        assert not re.match(r"\(\w+ by ", query)  # no outer grouping: one element
+    assert triggers["queue-length"]["metadata"]["threshold"] == "20"
+    assert triggers["kv-cache-usage"]["metadata"]["threshold"] == "0.7"
+    # The strictest TTFT SLO of the pool (0.5 s) × scale_out_ttft_ratio (0.8).
+    assert triggers["ttft-p95"]["metadata"]["threshold"] == "0.4"
+    # The same expressions as the recording rules, without the per-pool grouping.
+    assert queue_length_expr("chat", by=()) in triggers["queue-length"]["metadata"]["query"]
+    assert kv_usage_expr("chat", by=()) in triggers["kv-cache-usage"]["metadata"]["query"]
+    assert 'sum by (le) (increase(vllm:time_to_first_token_seconds_bucket{pool="chat", ' \
+        'kind="vllm"}[5m]))' in triggers["ttft-p95"]["metadata"]["query"]
+
+
+def test_a_zero_threshold_drops_its_trigger_with_a_warning() -> None:
+    config = _config(scaling={"scale_out_queue_length": 0})
+    obj, warnings = scaled_object(config, config.pools[0])
+    assert [t["name"] for t in obj["spec"]["triggers"]] == ["kv-cache-usage", "ttft-p95"]
+    assert len(warnings) == 1 and "scale_out_queue_length" in warnings[0]
+    _check(obj)
+    none_left = _config(scaling={"scale_out_queue_length": 0, "scale_out_kv_usage": 0,
+                                 "scale_out_ttft_ratio": 0})
+    with pytest.raises(ConfigError, match="at least one trigger"):
+        generate_keda(none_left)
+
+
+def test_options_and_the_engine_url_reach_the_objects() -> None:
+    config = _config(engine={"prometheus_url": "http://prom.example:9090"})
+    obj, _ = scaled_object(config, config.pools[0])
+    assert {t["metadata"]["serverAddress"] for t in obj["spec"]["triggers"]} == {
+        "http://prom.example:9090"}
+    obj, _ = scaled_object(config, config.pools[0], KedaOptions(
+        prometheus_url="http://other:9090", namespace="inference", scale_target="vllm-{pool}"))
+    assert obj["metadata"]["namespace"] == "inference"
+    assert obj["spec"]["scaleTargetRef"]["name"] == "vllm-chat"
+    assert {t["metadata"]["serverAddress"] for t in obj["spec"]["triggers"]} == {
+        "http://other:9090"}
+    _check(obj)
+
+
+@pytest.mark.parametrize("options, pool_name, message", [
+    (KedaOptions(), "Chat_Pool", "ScaledObject name"),
+    (KedaOptions(namespace="Bad Namespace"), "chat", "--namespace"),
+    (KedaOptions(scale_target="{pool}_deploy"), "chat", "--scale-target"),
+])
+def test_names_kubernetes_refuses_are_config_errors(options: KedaOptions, pool_name: str,
+                                                    message: str) -> None:
+    config = parse_config({"pools": [{"name": pool_name, "model": MODEL}]})
+    with pytest.raises(ConfigError, match=message):
+        generate_keda(config, options)
+
+
+def test_cli_prints_or_writes_the_objects(tmp_path: Path) -> None:
+    config_file = tmp_path / "vigil.toml"
+    config_file.write_text(f'[[pools]]\nname = "chat"\nmodel = "{MODEL}"\n')
+    parser = argparse.ArgumentParser(prog="vigil rules")
+    rules_cli.add_arguments(parser)
+    out, err = io.StringIO(), io.StringIO()
+    args = parser.parse_args(["keda", "--config", str(config_file), "--namespace", "ml",
+                              "--prometheus-url", "http://prom:9090/"])
+    assert rules_cli.run(args, out=out, err=err) == 0
+    (obj,) = list(yaml.safe_load_all(out.getvalue()))
+    _check(obj)
+    assert obj["metadata"]["namespace"] == "ml"
+    assert obj["spec"]["triggers"][0]["metadata"]["serverAddress"] == "http://prom:9090"
+    args = parser.parse_args(["keda", "-c", str(config_file), "--out", str(tmp_path / "k")])
+    out = io.StringIO()
+    assert rules_cli.run(args, out=out, err=err) == 0
+    assert (tmp_path / "k" / "vigil-keda.yml").is_file()
+    assert out.getvalue() == f"wrote {tmp_path / 'k' / 'vigil-keda.yml'}\n"
+    assert err.getvalue() == ""
+
+
+def test_signal_vigil_follows_vigils_recommendation() -> None:
+    config = _config(scaling={"scale_out_queue_length": 0})  # irrelevant to this signal
+    result = generate_keda(config, KedaOptions(signal="vigil"))
+    assert result.warnings == ()
+    for obj, pool in zip(result.objects, config.pools, strict=True):
+        _check(obj)
+        (trigger,) = obj["spec"]["triggers"]
+        assert trigger == {
+            "type": "prometheus",
+            "name": "vigil-desired-replicas",
+            # AverageValue, target 1: the HPA asks for ceil(desired / 1) = desired replicas.
+            "metricType": "AverageValue",
+            "metadata": {
+                "serverAddress": DEFAULT_PROMETHEUS_URL,
+                "query": f'max(vigil_scaling_desired_replicas{{pool="{pool.name}"}})',
+                "threshold": "1",
+                # No data (vigil serve not scraped) must not read as 0 and scale the pool in.
+                "ignoreNullValues": "false",
+            },
+        }
+        behavior = obj["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+        assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 600
+    with pytest.raises(ValueError, match="signal"):
+        KedaOptions(signal="both")
+
+
+def test_cli_signal_flag(tmp_path: Path) -> None:
+    config_file = tmp_path / "vigil.toml"
+    config_file.write_text(f'[[pools]]\nname = "chat"\nmodel = "{MODEL}"\n')
+    parser = argparse.ArgumentParser(prog="vigil rules")
+    rules_cli.add_arguments(parser)
+    out = io.StringIO()
+    args = parser.parse_args(["keda", "-c", str(config_file), "--signal", "vigil"])
+    assert rules_cli.run(args, out=out, err=io.StringIO()) == 0
+    (obj,) = list(yaml.safe_load_all(out.getvalue()))
+    assert [t["name"] for t in obj["spec"]["triggers"]] == ["vigil-desired-replicas"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["keda", "-c", str(config_file), "--signal", "gpu"])
