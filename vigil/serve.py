@@ -278,8 +278,11 @@ class Server:
         async with self._deliver_lock:
             now = self.clock()
             wake = self.notifier.next_wakeup()
-            if wake is not None and wake <= now:
-                # Timers (group_wait, group_interval) only advance in process().
+            if wake is not None and wake <= now and self.evaluations:
+                # Timers (group_wait, group_interval) only advance in process(). Not before
+                # the first evaluation: self.alerts is not known yet, and process() would
+                # replace the alerts the previous process saved with none (a retry left
+                # in the outbox is due at once after a restart; deliver_due sends it).
                 self.notifier.process(now, self.alerts)
             await self.notifier.deliver_due(now)
         self._publish()
