@@ -33,6 +33,16 @@ that set changes, and at least every ``API_RESEND_INTERVAL`` while it is not emp
 
 Grouping happens only when ``step`` is called: timers fire at the first ``step`` at or after
 their time. ``next_wakeup()`` says when the next one is due.
+
+**Notification log across restarts** (Alertmanager's nflog): ``Plan.log_changes()`` gives the
+log entries a plan writes (per route and group key: the firing and resolved fingerprints
+last notified, when, and the firing alerts themselves) and the entries it removes (groups
+that disappeared); the notifier stores them with the notifications, in one transaction.
+``Grouper.restore(entries)`` rebuilds the groups from them in a new process: a restored
+group counts as flushed (no new group_wait; next flush ``group_interval`` after the logged
+notification), notifies again only when its set differs from the logged one or
+``repeat_interval`` passed since the logged time, and its alerts that are no longer active
+at the first ``step`` resolve then.
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ from vigil.conventions import FORMAT_ALERTMANAGER_API
 __all__ = [
     "GroupState",
     "Grouper",
+    "LogEntry",
     "Plan",
     "Router",
     "group_key",
@@ -123,6 +134,28 @@ class GroupState:
     notifications: int = 0
 
 
+@dataclass(frozen=True)
+class LogEntry:
+    """The notification-log entry of one aggregation group, as stored across restarts.
+
+    ``firing``/``resolved``: the fingerprints of the last notification (or log update);
+    ``sent_at``: its time; ``alerts``: the firing alerts it contained (so that a group whose
+    alerts resolved while no process ran can still announce the resolution); ``seq``: the
+    outbox sequence number of the group's last enqueued notification (None when unknown).
+    """
+
+    route: str
+    group_key: str
+    labels: Mapping[str, str]
+    created_at: float
+    firing: frozenset[str]
+    resolved: frozenset[str]
+    sent_at: float
+    alerts: tuple[Alert, ...]
+    notifications: int = 0
+    seq: int | None = None
+
+
 @dataclass
 class _Stream:
     """The state of one ``alertmanager_api`` route."""
@@ -155,6 +188,29 @@ class Plan:
     notifications: tuple[Notification, ...]
     state: _State
     base: _State
+
+    def log_changes(self) -> tuple[list[LogEntry], list[tuple[str, str]]]:
+        """The notification-log entries this plan writes (groups whose log changed) and the
+        (route, group key) entries it removes (notified groups that disappeared)."""
+        upserts = []
+        for gid, group in self.state.groups.items():
+            if group.sent_firing is None:
+                continue
+            old = self.base.groups.get(gid)
+            if old is not None and (old.sent_firing, old.sent_resolved, old.sent_at) == (
+                    group.sent_firing, group.sent_resolved, group.sent_at):
+                continue
+            upserts.append(LogEntry(
+                route=group.route, group_key=group.key, labels=dict(group.labels),
+                created_at=group.created_at, firing=group.sent_firing,
+                resolved=group.sent_resolved, sent_at=group.sent_at,
+                alerts=tuple(a for fp, a in sorted(group.alerts.items())
+                             if fp in group.sent_firing),
+                notifications=group.notifications,
+            ))
+        deletes = [gid for gid, group in self.base.groups.items()
+                   if gid not in self.state.groups and group.sent_firing is not None]
+        return upserts, deletes
 
 
 class Grouper:
@@ -226,6 +282,27 @@ class Grouper:
         if plan.base is not self._state:
             raise RuntimeError("stale plan: the grouper changed since it was made")
         self._state = plan.state
+
+    def restore(self, entries: Iterable[LogEntry]) -> list[LogEntry]:
+        """Rebuild aggregation groups from a stored notification log (at start, before the
+        first ``step``). Returns the entries not restored: their route is gone or forwards
+        to Alertmanager's API, or its matchers or ``group_by`` changed so that their alerts
+        would no longer form that group (the caller may delete them)."""
+        rejected = []
+        for e in entries:
+            route = self._routes.get(e.route)
+            if (route is None or route.format == FORMAT_ALERTMANAGER_API or not e.alerts
+                    or any(group_key(route, a.labels) != e.group_key for a in e.alerts)):
+                rejected.append(e)
+                continue
+            self._state.groups[(e.route, e.group_key)] = GroupState(
+                route=e.route, key=e.group_key, labels=dict(e.labels),
+                created_at=e.created_at, next_flush=e.sent_at + route.group_interval,
+                alerts={a.fingerprint: a for a in e.alerts}, has_flushed=True,
+                sent_firing=frozenset(e.firing), sent_resolved=frozenset(e.resolved),
+                sent_at=e.sent_at, notifications=e.notifications,
+            )
+        return rejected
 
     # --- inspection -------------------------------------------------------------------------
     def groups(self) -> list[GroupState]:

@@ -131,6 +131,13 @@ class Notifier:
         self._last_prune = 0.0
         self._ssl: ssl.SSLContext | None = None
         self._process_lock = threading.Lock()
+        # A new process: the groups the previous one had notified continue where they were
+        # (Alertmanager's nflog), so a still-firing alert is not paged again as a new group.
+        stale = self.grouper.restore(self.outbox.notification_log())
+        if stale:
+            log.info("dropping %d notification-log entries of routes or groups that no longer "
+                     "exist", len(stale))
+            self.outbox.forget_log((e.route, e.group_key) for e in stale)
         # A new process: any attempt marked in flight was cut short by the previous one.
         for item in self.outbox.recover(self._clock()):
             log.warning("alert notification %s (route %s) was being sent when the previous "
@@ -160,8 +167,11 @@ class Notifier:
                 route = self._routes[n.route]
                 body = render(n, route.format, external_url=self._alerts_cfg.dashboard_url)
                 entries.append((n, body, route))
-            # Durable first; only then does the grouper consider them notified.
-            items = self.outbox.enqueue(entries, now) if entries else []
+            # Durable first (with the notification log, in the same transaction); only then
+            # does the grouper consider them notified.
+            upserts, deletes = plan.log_changes()
+            items = (self.outbox.enqueue(entries, now, log=upserts, forget=deletes)
+                     if entries or upserts or deletes else [])
             self.grouper.commit(plan)
             active = [(a, [r.name for r in self.grouper.router.match(a.labels)])
                       for a in alerts if a.firing or (a.ends_at or 0) > now]

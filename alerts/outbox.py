@@ -20,6 +20,12 @@ Guarantees (docs/alerts.md states them for users):
   group key and the row's sequence number in its group; it is stored with the row, so it is
   the same on every retry and after restarts, and never reused by another notification.
 
+* **Notification log**: per (route, group key) the last notified firing/resolved fingerprints,
+  the time, the firing alerts and the last sequence number (Alertmanager's nflog). ``enqueue``
+  writes it in the same transaction as the notifications, so a crash cannot log a
+  notification that was not queued or queue one that was not logged; a new process restores
+  its aggregation groups from it (``notification_log``), so a restart does not page again.
+
 No transaction is ever open while a request is in flight: ``begin_attempt`` commits that an
 attempt started, the caller sends, then ``ack`` or ``fail`` commits the result.
 """
@@ -37,6 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from alerts.grouping import LogEntry
 from alerts.model import Alert, Notification
 from vigil.conventions import OUTBOX_DONE, OUTBOX_GIVEN_UP, OUTBOX_PENDING, OUTBOX_SUPERSEDED
 from vigil.errors import VigilError
@@ -87,6 +94,21 @@ _SCHEMA = (
         route TEXT NOT NULL,
         group_key TEXT NOT NULL,
         next_seq INTEGER NOT NULL,
+        PRIMARY KEY (route, group_key)
+    )""",
+    # The notification log (Alertmanager's nflog): what each group last notified, and when.
+    # Fingerprint sets and alerts are JSON; seq is the group's last enqueued sequence number.
+    """CREATE TABLE IF NOT EXISTS alert_outbox_nflog (
+        route TEXT NOT NULL,
+        group_key TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        firing TEXT NOT NULL,
+        resolved TEXT NOT NULL,
+        alerts TEXT NOT NULL,
+        sent_at REAL NOT NULL,
+        notifications INTEGER NOT NULL DEFAULT 0,
+        seq INTEGER,
         PRIMARY KEY (route, group_key)
     )""",
     # The alerts active at the last evaluation, for `vigil alerts --json` in another process.
@@ -268,15 +290,22 @@ class Outbox:
 
     # --- writing ------------------------------------------------------------------------
     def enqueue(self, entries: Iterable[tuple[Notification, bytes, Any]],
-                now: float) -> list[OutboxItem]:
+                now: float, *, log: Iterable[LogEntry] = (),
+                forget: Iterable[tuple[str, str]] = ()) -> list[OutboxItem]:
         """Store notifications durably, in one transaction; returns the stored rows.
 
         Each entry is ``(notification, body, route)`` where ``route`` is the
         ``AlertRouteConfig`` (its url, format, timeout and secret_env are stored with the
         row). A ``snapshot`` notification supersedes the older pending rows of its stream
         that are not being sent right now.
+
+        ``log`` entries replace the notification-log entries of their groups (their ``seq``
+        becomes that of the group's notification enqueued here, if any, else stays);
+        ``forget`` removes the entries of those (route, group key). Both in the same
+        transaction as the notifications.
         """
         ids = []
+        seqs: dict[tuple[str, str], int] = {}
         with self._tx() as c:
             for n, body, route in entries:
                 c.execute(
@@ -289,6 +318,7 @@ class Outbox:
                     "SELECT next_seq FROM alert_outbox_groups WHERE route = ? AND group_key = ?",
                     (n.route, n.group_key),
                 ).fetchone()[0]
+                seqs[(n.route, n.group_key)] = seq
                 key = str(uuid.uuid5(self.instance, f"{n.route}\x00{n.group_key}\x00{seq}"))
                 if n.snapshot:
                     c.execute(
@@ -307,7 +337,34 @@ class Outbox:
                      route.timeout, route.secret_env, body, n.created_at, n.created_at),
                 )
                 ids.append(cur.lastrowid)
+            self._write_log(c, log, forget, seqs)
         return [self.get(i) for i in ids]  # type: ignore[arg-type]
+
+    @staticmethod
+    def _write_log(c: sqlite3.Connection, log: Iterable[LogEntry],
+                   forget: Iterable[tuple[str, str]],
+                   seqs: dict[tuple[str, str], int]) -> None:
+        for e in log:
+            c.execute(
+                "INSERT INTO alert_outbox_nflog (route, group_key, labels, created_at, firing, "
+                "resolved, alerts, sent_at, notifications, seq) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (route, group_key) "
+                "DO UPDATE SET labels = excluded.labels, created_at = excluded.created_at, "
+                "firing = excluded.firing, resolved = excluded.resolved, "
+                "alerts = excluded.alerts, sent_at = excluded.sent_at, "
+                "notifications = excluded.notifications, seq = COALESCE(excluded.seq, seq)",
+                (e.route, e.group_key, json.dumps(dict(e.labels), sort_keys=True),
+                 e.created_at, json.dumps(sorted(e.firing)), json.dumps(sorted(e.resolved)),
+                 json.dumps([a.as_dict() for a in e.alerts], sort_keys=True), e.sent_at,
+                 e.notifications, seqs.get((e.route, e.group_key), e.seq)),
+            )
+        c.executemany("DELETE FROM alert_outbox_nflog WHERE route = ? AND group_key = ?",
+                      list(forget))
+
+    def forget_log(self, groups: Iterable[tuple[str, str]]) -> None:
+        """Remove the notification-log entries of these (route, group key)."""
+        with self._tx() as c:
+            self._write_log(c, (), groups, {})
 
     def recover(self, now: float) -> list[OutboxItem]:
         """Rows whose attempt was cut short by the death of a process: due again now.
@@ -500,6 +557,23 @@ class Outbox:
             superseded=counts.get(OUTBOX_SUPERSEDED, 0),
             oldest_pending_age=0.0 if oldest is None else max(0.0, now - float(oldest)),
         )
+
+    def notification_log(self) -> list[LogEntry]:
+        """Every notification-log entry, by route then group key."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT route, group_key, labels, created_at, firing, resolved, alerts, sent_at, "
+                "notifications, seq FROM alert_outbox_nflog ORDER BY route, group_key",
+            ).fetchall()
+        return [
+            LogEntry(route=r, group_key=k, labels=json.loads(labels), created_at=float(created),
+                     firing=frozenset(json.loads(firing)),
+                     resolved=frozenset(json.loads(resolved)),
+                     sent_at=float(sent_at),
+                     alerts=tuple(Alert.from_dict(a) for a in json.loads(alerts)),
+                     notifications=int(count), seq=None if seq is None else int(seq))
+            for r, k, labels, created, firing, resolved, alerts, sent_at, count, seq in rows
+        ]
 
     def active(self) -> list[tuple[Alert, list[str]]]:
         """The alerts saved by the last ``save_active``, with their route names."""

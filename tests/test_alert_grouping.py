@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from test_alert_support import T0, alert, config, route
 
 from alerts.formats import API_RESEND_INTERVAL, API_RESOLVED_RETENTION
-from alerts.grouping import Grouper, group_key, route_key
+from alerts.grouping import Grouper, LogEntry, group_key, route_key
 from alerts.model import Notification
 
 URL = "http://127.0.0.1:9/hook"
@@ -261,3 +261,62 @@ def test_grouping_invariants(script: list[frozenset[str]], group_wait: float,
         firing = {a.fingerprint for a in n.alerts if a.firing}
     if send_resolved:
         assert firing == set() and sent[-1].status == "resolved"
+
+
+# --- the notification log across restarts ---------------------------------------------------
+def _step_logged(g: Grouper, log: dict[tuple[str, str], LogEntry], t: float,
+                 alerts: list) -> list[Notification]:  # type: ignore[type-arg]
+    """``step``, applying the plan's log changes to ``log`` as the outbox would."""
+    plan = g.plan(t, alerts)
+    upserts, deletes = plan.log_changes()
+    for e in upserts:
+        log[(e.route, e.group_key)] = e
+    for gid in deletes:
+        del log[gid]
+    g.commit(plan)
+    return list(plan.notifications)
+
+
+def _summary(ns: list[Notification]) -> list[tuple]:  # type: ignore[type-arg]
+    return [(n.group_key, n.reason, n.status,
+             sorted((a.fingerprint, a.status, a.ends_at) for a in n.alerts)) for n in ns]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    schedule=st.lists(st.sets(st.integers(0, 2)), min_size=2, max_size=10),
+    data=st.data(),
+    send_resolved=st.booleans(),
+)
+def test_restored_grouper_continues_like_one_that_never_stopped(
+        schedule: list[set[int]], data: st.DataObject, send_resolved: bool) -> None:
+    # Steps on the flush grid (group_wait 30, group_interval 300): a grouper rebuilt from the
+    # log at any step notifies exactly what the one that kept running notifies.
+    pool = [alert(model="m1"), alert(model="m2"), alert(pool="batch")]
+    restart = data.draw(st.integers(1, len(schedule) - 1))
+    cfg = route(URL, repeat_interval=900, send_resolved=send_resolved)
+    times = [T0, *(T0 + 30 + 300 * k for k in range(len(schedule)))]
+    steps = [schedule[0], *schedule]
+    a, log = grouper(cfg), {}
+    for t, s in zip(times[:restart + 1], steps[:restart + 1], strict=True):
+        _step_logged(a, log, t, [pool[i] for i in s])
+    b = grouper(cfg)
+    assert b.restore(list(log.values())) == []
+    for t, s in zip(times[restart + 1:], steps[restart + 1:], strict=True):
+        active = [pool[i] for i in s]
+        assert _summary(_step_logged(b, dict(log), t, active)) == \
+            _summary(_step_logged(a, log, t, active))
+
+
+def test_restore_drops_entries_of_vanished_routes_and_changed_groupings() -> None:
+    g = grouper(route(URL))
+    log: dict[tuple[str, str], LogEntry] = {}
+    _step_logged(g, log, T0, [alert(starts_at=T0 - 60)])
+    [entry] = log.values()
+    assert entry.firing == {alert().fingerprint} and entry.sent_at == T0
+    assert grouper(route(URL, name="other")).restore([entry]) == [entry]
+    assert grouper(route(URL, group_by=["alertname"])).restore([entry]) == [entry]
+    restored = grouper(route(URL))
+    assert restored.restore([entry]) == []
+    [group] = restored.groups()
+    assert group.has_flushed and group.sent_at == T0 and group.next_flush == T0 + 300

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from test_alert_support import T0, alert, config, route
 
+from alerts.grouping import LogEntry
 from alerts.model import Notification
 from alerts.outbox import Outbox, OutboxError, backoff_delay
 
@@ -201,3 +202,43 @@ def test_not_an_sqlite_file(tmp_path: Path) -> None:
     bad.write_bytes(b"this is not a database" * 100)
     with pytest.raises(OutboxError, match=r"bad\.db"):
         Outbox(bad)
+
+
+def _entry(group: str, t: float, firing: set[str]) -> LogEntry:
+    a = alert()
+    return LogEntry(route="hook", group_key=group, labels={"pool": "chat"}, created_at=T0,
+                    firing=frozenset(firing), resolved=frozenset(), sent_at=t, alerts=(a,),
+                    notifications=1)
+
+
+def test_notification_log_is_written_with_the_notifications(ob: Outbox) -> None:
+    fp = alert().fingerprint
+    ob.enqueue([(note("g1"), b"b", ROUTE)], T0, log=[_entry("g1", T0, {fp})])
+    [e] = ob.notification_log()
+    assert (e.group_key, e.firing, e.sent_at, e.seq, e.alerts) == ("g1", {fp}, T0, 1, (alert(),))
+    assert dict(e.labels) == {"pool": "chat"}
+    # A log update without a notification keeps the last sequence number.
+    ob.enqueue([], T0 + 5, log=[_entry("g1", T0 + 5, set())])
+    [e] = ob.notification_log()
+    assert (e.firing, e.sent_at, e.seq) == (frozenset(), T0 + 5, 1)
+    ob.enqueue([(note("g1", T0 + 9), b"b", ROUTE)], T0 + 9, forget=[("hook", "g1")])
+    assert ob.notification_log() == []
+    ob.enqueue([], T0 + 9, log=[_entry("g2", T0 + 9, {fp})])
+    ob.forget_log([("hook", "g2")])
+    assert ob.notification_log() == []
+
+
+def test_an_outbox_file_from_before_the_notification_log_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    old = Outbox(path)
+    [item] = old.enqueue([(note("g1"), b"body", ROUTE)], T0)
+    old.close()
+    with sqlite3.connect(path) as c:
+        c.execute("DROP TABLE alert_outbox_nflog")  # as written by an older Vigil
+    ob = Outbox(path)
+    assert ob.notification_log() == []
+    assert [(i.key, i.status, i.body) for i in ob.items()] == [(item.key, "pending", b"body")]
+    [nxt] = ob.enqueue([(note("g1", T0 + 1), b"b", ROUTE)], T0 + 1,
+                       log=[_entry("g1", T0 + 1, {alert().fingerprint})])
+    assert nxt.seq == 2 and ob.notification_log()[0].seq == 2
+    ob.close()
