@@ -8,7 +8,7 @@ appends, so a reader never waits for a scrape to commit and never makes it wait.
 Time units: sample timestamps (``ts``, ``*_ms``) are Unix **milliseconds** (int); retention,
 resolution and ``now`` are Unix **seconds** (float), like the ``Clock``.
 
-Schema (version 1)::
+Schema (version 2)::
 
     meta(key TEXT PRIMARY KEY, value TEXT)                       -- schema_version, watermarks
     series(id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT, labels TEXT /* canonical JSON */,
@@ -18,6 +18,14 @@ Schema (version 1)::
     samples_head(...)                                            -- same columns as samples
     target_health(target TEXT PRIMARY KEY, pool, kind, url, up, last_scrape, duration,
                   samples, error)
+    rollup(series_id, blk, n), rollup_day(series_id, day, n),
+    rollup_resets(series_id, ts, before)                         -- collector.rollup
+
+Version 2 added the rollup (``collector.rollup``): per counter-like series and hour (and
+day), the sample count, plus every counter reset, so that ``increase()`` over a long window
+is a few lookups (``counter_windows``). A version-1 store is migrated when opened for writing (the
+tables are created; the next ``compact()`` fills them, in bounded transactions); opened
+read-only it is used as is, without the rollup.
 
 Why a head table: ``samples`` is clustered by series, which makes reads and downsampling one
 seek per series, but a scrape then dirties one b-tree page *per series* (700 page writes per
@@ -45,6 +53,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from collector import rollup
+from collector.rollup import CounterWindow
 from vigil.clock import Clock, system_clock
 from vigil.conventions import EXPORTED_PREFIX
 from vigil.errors import StoreError
@@ -61,7 +71,8 @@ __all__ = [
 ]
 
 #: Bumped whenever the schema changes incompatibly; a store with a higher number is refused.
-SCHEMA_VERSION = 1
+#: 2: the rollup tables (``collector.rollup``); version-1 stores are migrated on open.
+SCHEMA_VERSION = 2
 #: ``PRAGMA application_id`` of a Vigil store ("Vigl"), so ``file(1)`` and we can tell.
 APPLICATION_ID = 0x5669_676C
 #: How long a connection waits for another process's write lock before giving up (ms).
@@ -89,6 +100,9 @@ _HEAD_MAX_ROWS = 2_000_000
 # (the collector must keep writing) and no step needs memory proportional to the database.
 _COMPACT_SERIES_CHUNK = 2_000  # series ids per transaction
 _COMPACT_SLICE_MS = 3_600_000  # span of time per transaction (a multiple of any sane resolution)
+#: Rollup (re)building: blocks per transaction (with a chunk of series): 6 h of 15 s scrapes
+#: for 2,000 series is ~3M samples to scan.
+_ROLLUP_SLICE_MS = 6 * rollup.BLOCK_MS
 
 _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
@@ -124,6 +138,7 @@ _SCHEMA = (
         samples INTEGER NOT NULL,
         error TEXT NOT NULL
     )""",
+    *rollup.SCHEMA,
 )
 
 _INSERT_HEAD = "INSERT OR REPLACE INTO samples_head (series_id, ts, value) VALUES (?, ?, ?)"
@@ -187,14 +202,16 @@ DELETE FROM series WHERE id >= :a AND id < :b
 _MIN_TS = "SELECT MIN((SELECT MIN(ts) FROM samples WHERE series_id = series.id)) FROM series"
 
 # Both tables in one statement: one snapshot, and the two sorted streams merge in order.
-# The last column orders a head copy after the main one, so that it wins.
+# The last column tells a head copy (1) from the main one (0): where both hold a (series, ts),
+# the head's is the newer and wins. (Not in the ORDER BY: sorting on it too costs a temporary
+# b-tree and doubles the time per row; the readers resolve the tie themselves.)
 _POINTS = """
 SELECT series_id, ts, value, 0 FROM samples
 WHERE series_id IN (SELECT value FROM json_each(:ids)) AND ts >= :lo AND ts <= :hi
 UNION ALL
 SELECT series_id, ts, value, 1 FROM samples_head
 WHERE series_id IN (SELECT value FROM json_each(:ids)) AND ts >= :lo AND ts <= :hi
-ORDER BY 1, 2, 4
+ORDER BY 1, 2
 """
 # One statement for every series: a primary-key seek per series and table for its latest
 # ts <= :at; the caller picks the newer of the two (the head's on a tie).
@@ -236,7 +253,8 @@ class CompactionReport(NamedTuple):
     removed by downsampling; ``rows_kept_downsampled``: of those, kept; ``rows_expired``: rows
     older than the downsampled retention, removed; ``watermark_ms``: samples older than this
     are downsampled; ``series_deleted``: series rows removed because no sample was left;
-    ``rows_moved``: recent samples moved from the write-optimised head to the main table.
+    ``rows_moved``: recent samples moved from the write-optimised head to the main table;
+    ``rollup_blocks``: (series, hour) rollup rows written (``collector.rollup``).
     """
 
     rows_before: int
@@ -246,6 +264,7 @@ class CompactionReport(NamedTuple):
     watermark_ms: int
     series_deleted: int = 0
     rows_moved: int = 0
+    rollup_blocks: int = 0
 
 
 #: Compact, UTF-8-preserving JSON (one encoder object: ``json.dumps`` with options builds one
@@ -333,6 +352,9 @@ class Store:
         self._depth = 0
         self._gen: str | None = None
         self._tx_watermark: int | None = None
+        self._tx_rollup_watermark: int | None = None
+        #: False for a version-1 store opened read-only: no rollup tables to read.
+        self._rollups = True
         #: Samples this Store wrote to the head since it last moved it (the safety valve).
         self._head_rows = 0
         self._conn: sqlite3.Connection | None = None
@@ -403,7 +425,11 @@ class Store:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-        self._check_version(conn)
+        if self._check_version(conn) < 2:
+            if self.readonly:
+                self._rollups = False  # readable as is; the writer migrates it
+            else:
+                self._migrate_to_2(conn)
         if not self.readonly:
             conn.execute("PRAGMA journal_mode = WAL")
             # NORMAL in WAL: a commit is durable across application crashes; a power loss may
@@ -414,7 +440,7 @@ class Store:
             conn.execute("PRAGMA journal_size_limit = 67108864")
         conn.execute("PRAGMA cache_size = -65536")  # KiB: hot b-tree pages of recent series
 
-    def _check_version(self, conn: sqlite3.Connection) -> None:
+    def _check_version(self, conn: sqlite3.Connection) -> int:
         app_id = conn.execute("PRAGMA application_id").fetchone()[0]
         has_meta = conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
@@ -437,6 +463,26 @@ class Store:
             )
         if version < 1:
             raise StoreError(f"{self.path}: unknown Vigil store schema version {version}")
+        return version
+
+    def _migrate_to_2(self, conn: sqlite3.Connection) -> None:
+        """Schema 1 -> 2: add the rollup tables (``collector.rollup``). Quick: they start
+        empty, and until ``compact()`` has built them readers simply read raw samples."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key = ?", (_K_VERSION,)).fetchone()
+            if int(row[0]) < 2:  # another process may have migrated while we waited
+                for ddl in rollup.SCHEMA:
+                    conn.execute(ddl)
+                conn.execute("UPDATE meta SET value = '2' WHERE key = ?", (_K_VERSION,))
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(
+                    f"{self.path}: cannot migrate the store from schema version 1 to 2: {exc}"
+                ) from None
+            raise
 
     def close(self) -> None:
         """Close the connection (idempotent). An open transaction is rolled back."""
@@ -567,6 +613,8 @@ class Store:
             self._gen = gen
         wm = meta.get(_K_WATERMARK)
         self._tx_watermark = int(wm) if wm is not None else None
+        rwm = meta.get(rollup.K_WATERMARK)
+        self._tx_rollup_watermark = int(rwm) if rwm is not None else None
 
     # --- writing ---------------------------------------------------------------------------
     def _resolve(self, new: dict[SeriesKey, str]) -> None:
@@ -637,11 +685,14 @@ class Store:
                         for r in rows
                     ]
                 self._c.executemany(_INSERT_HEAD, rows)
-                wm = self._tx_watermark
-                if wm is not None:
+                wm, rwm = self._tx_watermark, self._tx_rollup_watermark
+                if wm is not None or rwm is not None:
                     oldest = min(map(itemgetter(1), rows))
-                    if oldest < wm:
+                    if wm is not None and oldest < wm:
                         self._note_backfill(oldest)
+                    if rwm is not None and oldest < rwm:
+                        # The rollup of that hour (and later ones) no longer matches.
+                        rollup.note_dirty(self._c, oldest)
             except sqlite3.Error as exc:
                 raise self._fail(f"write {len(rows)} samples", exc) from None
             self._head_rows += len(rows)
@@ -747,9 +798,16 @@ class Store:
         """Points of the matching series with ``start_ms <= ts <= end_ms`` (Unix ms, either
         bound optional), sorted by ts. Series without points in the range are left out."""
         selected = self._select_series(name, matchers)
-        if not selected:
-            return {}
         by_id = {sid: key for sid, key, _ in selected}
+        return self._points_of(name, by_id, start_ms, end_ms)
+
+    def _points_of(
+        self, name: str, by_id: Mapping[int, SeriesKey], start_ms: int | None,
+        end_ms: int | None,
+    ) -> dict[SeriesKey, list[Point]]:
+        """``points()`` for already selected series (id -> key), in ``by_id`` order."""
+        if not by_id:
+            return {}
         rows = self._query(
             f"read points of {name!r}",
             _POINTS,
@@ -763,15 +821,85 @@ class Store:
         cur_id = None
         cur: list[Point] = []
         last_ts = None
-        for sid, ts, v, _ in rows:
+        for sid, ts, v, src in rows:
             if sid != cur_id:
                 cur_id = sid
                 cur = out[by_id[sid]] = []
-            elif ts == last_ts:
-                cur.pop()  # re-written since it moved: the head's copy (sorted last) wins
+            elif ts == last_ts:  # re-written since it moved: the head's copy wins
+                if not src:
+                    continue
+                cur.pop()
             cur.append(Point(ts, _decode_value(v)))
             last_ts = ts
         return out
+
+    def counter_windows(
+        self,
+        name: str,
+        matchers: Mapping[str, str] | None,
+        start_ms: int,
+        end_ms: int,
+    ) -> dict[SeriesKey, CounterWindow] | None:
+        """What ``increase()`` needs from each matching series' samples with
+        ``start_ms <= ts <= end_ms`` (Unix ms, inclusive): count, first and last sample, and the
+        value before each counter reset, in order (``collector.rollup.CounterWindow``; stale
+        markers excluded). Series without samples in the range are left out.
+
+        For counter-like series, the part of the range below the rollup limit is summarised in
+        SQL (whole hours and days from the rollup, partial hours by counting their samples)
+        and only the part above it (what the write head still holds) is read sample by
+        sample; other series are read sample by sample. All in one snapshot, so the result
+        is exactly what the samples give. ``None`` when the store has no rollup yet (read
+        ``points()`` then).
+        """
+        if not self._rollups:
+            return None
+        with self._lock, self._snapshot():
+            try:
+                limit = rollup.fast_limit(self._meta())
+                if limit is None:
+                    return None
+                p = rollup.plan(int(start_ms), int(end_ms), limit)
+                selected = self._select_series(name, matchers)
+                counters = [sid for sid, key, t in selected if counter_like(t, key.name)]
+                region = rollup.region_windows(self._c, counters, p)
+                # Above the rollup limit, and every non-counter: raw rows, summarised as read.
+                others = [sid for sid, key, t in selected if not counter_like(t, key.name)]
+                raw = self._row_windows(counters, p.hi, p.end) if p.hi <= p.end else {}
+                raw.update(self._row_windows(others, p.start, p.end))
+            except sqlite3.Error as exc:
+                raise self._fail(f"read the rollup of {name!r}", exc) from None
+        out: dict[SeriesKey, CounterWindow] = {}
+        for sid, key, _ in selected:  # in key order, like every other read
+            window = rollup.concat(region.get(sid), raw.get(sid))
+            if window is not None:
+                out[key] = window
+        return out
+
+    def _row_windows(self, ids: list[int], lo: int, hi: int) -> dict[int, CounterWindow]:
+        """``CounterWindow`` of the samples with ``lo <= ts <= hi`` of ``ids`` (both tables)."""
+        if not ids or hi < lo:
+            return {}
+        cur = self._c.execute(_POINTS, {"ids": json.dumps(ids), "lo": lo, "hi": hi})
+        return rollup.windows_of_rows(cur)
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """Run several reads on one snapshot (a read transaction), unless one is open."""
+        with self._lock:
+            conn = self._c
+            if conn.in_transaction:
+                yield
+                return
+            try:
+                conn.execute("BEGIN")
+            except sqlite3.Error as exc:
+                raise self._fail("begin a read transaction", exc) from None
+            try:
+                yield
+            finally:
+                if conn.in_transaction:
+                    conn.execute("COMMIT")  # nothing written: just ends the snapshot
 
     def last_points(
         self,
@@ -886,9 +1014,15 @@ class Store:
         # Downsampling and expiry work on ``samples``: everything below the raw cutoff must be
         # there. (A sample written to the head meanwhile is moved next time; if it is below the
         # watermark, write() noted a backfill, so its bucket is downsampled again then.)
-        moved = self._move_head(max(raw_cut, now_ms - _HEAD_KEEP_MS))
+        cut = max(raw_cut, now_ms - _HEAD_KEEP_MS)
+        moved = self._move_head(cut)
         meta = self._meta()
         wm = int(meta[_K_WATERMARK]) if _K_WATERMARK in meta else None
+        # Blocks below the rollup watermark are maintained here, in the same transaction as
+        # the change to their samples (expiry, downsampling); the watermark itself only
+        # moves in _roll_up, after both.
+        rwm = int(meta[rollup.K_WATERMARK]) if rollup.K_WATERMARK in meta else None
+        rolled = 0
         backfill = meta.get(_K_BACKFILL)
         max_id = conn.execute("SELECT MAX(id) FROM series").fetchone()[0] or 0
         chunks = [(a, a + _COMPACT_SERIES_CHUNK)
@@ -899,7 +1033,10 @@ class Store:
         series_deleted = 0
         for a, b in chunks:
             with self.transaction():
-                expired += conn.execute(_EXPIRE, {"a": a, "b": b, "cut": exp_cut}).rowcount
+                gone = conn.execute(_EXPIRE, {"a": a, "b": b, "cut": exp_cut}).rowcount
+                expired += gone
+                if gone and rwm is not None:
+                    rolled += rollup.expire(conn, a, b, exp_cut, rwm)
                 n = conn.execute(_DROP_EMPTY_SERIES, {"a": a, "b": b}).rowcount
                 if n:
                     series_deleted += n
@@ -929,7 +1066,14 @@ class Store:
                 params = {"a": a, "b": b, "lo": slice_lo, "hi": slice_hi, "res": res}
                 with self.transaction():
                     rows_before += conn.execute(_COUNT_SPAN, params).fetchone()[0]
-                    deleted += conn.execute(_DOWNSAMPLE, params).rowcount
+                    n = conn.execute(_DOWNSAMPLE, params).rowcount
+                    deleted += n
+                    if n and rwm is not None:
+                        # The hours whose samples changed, as far as they are rolled up.
+                        rolled += rollup.rebuild(
+                            conn, a, b, max(0, rollup.block_floor(slice_lo)),
+                            min(rollup.block_ceil(slice_hi), rwm), rwm,
+                        )
             slice_lo = slice_hi
             if wm is None or slice_lo > wm:
                 # Progress is durable per slice: an interrupted compaction resumes here.
@@ -945,6 +1089,7 @@ class Store:
                 conn.execute(
                     "DELETE FROM meta WHERE key = ? AND value = ?", (_K_BACKFILL, backfill)
                 )
+        rolled += self._roll_up(cut)
         return CompactionReport(
             rows_before=rows_before,
             rows_deleted=deleted,
@@ -953,7 +1098,63 @@ class Store:
             watermark_ms=new_wm,
             series_deleted=series_deleted,
             rows_moved=moved,
+            rollup_blocks=rolled,
         )
+
+    def _roll_up(self, cut_ms: int) -> int:
+        """Advance the rollup watermark to ``cut_ms`` (the head holds nothing older) and
+        (re)build what needs it: from the hour holding the old watermark on, and the hours a
+        write marked stale (``collector.rollup``). Returns the block rows written."""
+        conn = self._c
+        with self.transaction():
+            meta = self._meta()
+            new_w = max(0, cut_ms)
+            marks = [int(meta[k]) for k in (rollup.K_DIRTY, rollup.K_REBUILD) if k in meta]
+            oldest = conn.execute(_MIN_TS).fetchone()[0]
+            if rollup.K_WATERMARK in meta:
+                w = int(meta[rollup.K_WATERMARK])
+            else:  # first build (new or migrated store): from the oldest sample on
+                w = new_w if oldest is None else min(new_w, max(0, rollup.block_floor(oldest)))
+                self._set_meta(rollup.K_WATERMARK, str(w))
+            if new_w > w:
+                # Normally a no-op (_move_head ran with cut_ms), but a writer may have added to
+                # the head since: in this transaction, so that from now on every write below
+                # the new watermark marks its hour stale (write() reads it at BEGIN).
+                params = {"a": 0, "b": _TS_MAX, "cut": new_w}
+                conn.execute(_MOVE_HEAD, params)
+                conn.execute(_MOVE_HEAD_DELETE, params)
+                marks.append(w)
+                w = new_w
+                self._set_meta(rollup.K_WATERMARK, str(w))
+            if not marks:
+                return 0
+            # Nothing to build below the oldest sample; rows there could only be stale.
+            start = max(0, rollup.block_floor(min(marks)))
+            floor = w if oldest is None else max(0, rollup.block_floor(oldest))
+            if start < floor:
+                start = min(floor, w)
+                blk = start // rollup.BLOCK_MS
+                conn.execute("DELETE FROM rollup WHERE blk < ?", (blk,))
+                conn.execute("DELETE FROM rollup_day WHERE day < ?",
+                             (-(-blk // rollup.BLOCKS_PER_DAY),))
+                conn.execute("DELETE FROM rollup_resets WHERE ts < ?", (start,))
+            self._set_meta(rollup.K_REBUILD, str(start))
+            conn.execute("DELETE FROM meta WHERE key = ?", (rollup.K_DIRTY,))
+            # Series created after this transaction write below `w` only as a backfill (D).
+            max_id = conn.execute("SELECT MAX(id) FROM series").fetchone()[0] or 0
+        written = 0
+        lo = start
+        while lo < w:
+            hi = min(w, lo + _ROLLUP_SLICE_MS)
+            for a in range(0, max_id + 1, _COMPACT_SERIES_CHUNK):
+                with self.transaction():
+                    written += rollup.rebuild(conn, a, a + _COMPACT_SERIES_CHUNK, lo, hi, w)
+            with self.transaction():  # progress is durable: an interruption resumes here
+                self._set_meta(rollup.K_REBUILD, str(hi))
+            lo = hi
+        with self.transaction():
+            conn.execute("DELETE FROM meta WHERE key = ?", (rollup.K_REBUILD,))
+        return written
 
     def _set_meta(self, key: str, value: str) -> None:
         self._c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))

@@ -3,7 +3,9 @@
 Every method reads only the samples of its window from the store (``Store.points`` with
 ``[t - range, t]``; the left edge is then trimmed by ``select_range`` for the chosen semantics)
 and evaluates it with the PromQL-exact primitives of ``slo.promql``, in PromQL's order:
-``rate``/``increase`` per series first, then ``sum by``.
+``rate``/``increase`` per series first, then ``sum by``. ``increase`` reads, instead of the
+samples, what ``extrapolatedRate`` needs from them (``Store.counter_windows``), which the
+store's rollup answers with a few lookups however long the window.
 
 Besides the protocol, this module holds the two means PromQL computes, because neither is in
 ``slo.aggregate`` yet and they differ between Prometheus versions:
@@ -32,12 +34,16 @@ from slo.lookup import (
     semantics_of,
 )
 from slo.quantile import Bucket, parse_le
-from slo.rate import increase
+
+# The extrapolation step of extrapolatedRate, shared so that the rollup path below cannot
+# drift from slo.rate's arithmetic.
+from slo.rate import _extrapolation_factor, increase
 from slo.source import Matchers
 from vigil.conventions import LABEL_LE, SOURCE_EMBEDDED, SUFFIX_BUCKET
 from vigil.model import Labels, Point, SeriesKey
 
 if TYPE_CHECKING:
+    from collector.rollup import CounterWindow
     from collector.store import Store
 
 __all__ = ["EmbeddedSource", "avg_aggregate", "avg_over_time_value"]
@@ -133,6 +139,26 @@ def avg_aggregate(vector: Mapping[Labels, float], semantics: SemanticsLike) -> f
     return _v3_mean(values)
 
 
+def _increase_of(
+    w: CounterWindow, range_start_ms: int, range_end_ms: int, semantics: Semantics
+) -> float | None:
+    """``increase`` of one series from its window summary (``Store.counter_windows``): the
+    same IEEE operations, in the same order, as ``slo.rate.extrapolated_rate`` on the samples
+    (``is_counter=True, is_rate=False``), so the float is identical.
+    """
+    if w.n < 2:
+        return None
+    # _raw_change: `last - first`, then `+= before` for each reset in sample order.
+    result = float(w.last_value) - float(w.first_value)
+    for before in w.resets:
+        result += before
+    factor = _extrapolation_factor(
+        w.first_ts, w.last_ts, w.n, float(w.first_value), result,
+        range_start_ms, range_end_ms, True, semantics,
+    )
+    return result * factor
+
+
 def _le_groups(
     summed: Mapping[Labels, float], by: Sequence[str]
 ) -> dict[Labels, list[Bucket]]:
@@ -160,6 +186,9 @@ class EmbeddedSource:
 
     #: What ``slo.status`` reports as ``"source"``.
     kind = SOURCE_EMBEDDED
+    #: Answer long ``increase`` windows from the store's rollup (``Store.counter_windows``).
+    #: The result is bit-identical either way; off only to measure the difference.
+    use_rollup: bool = True
 
     def __init__(
         self, store: Store, *, semantics: SemanticsLike = "3", lookback_s: float = 300.0
@@ -193,11 +222,26 @@ class EmbeddedSource:
     ) -> dict[Labels, float]:
         """``increase(metric{matchers}[window])`` per series, keyed by its labels.
 
-        The one place counter increases are computed, so that a faster path for very long
-        windows (pre-aggregated data) can replace this method alone. Series with fewer than
-        two samples in the window are absent, as in PromQL.
+        The one place counter increases are computed. Once the store has its rollup
+        (``collector.rollup``, built by ``compact()``), the window's first and last samples,
+        sample count and resets come from ``Store.counter_windows`` — lookups for the
+        rolled-up part, raw samples only for what the write head still holds — instead of
+        every sample; before that, from the raw samples. Both give the same float64. Series
+        with fewer than two samples in the window are absent, as in PromQL.
         """
         out: dict[Labels, float] = {}
+        if self.use_rollup:
+            at_ms = eval_time_ms(at_s)
+            mint = at_ms - duration_ms(window_s)
+            # select_range's left edge: v2 keeps ts == t - range, v3 does not.
+            first_ms = mint if self.semantics is Semantics.V2 else mint + 1
+            windows = self.store.counter_windows(metric, matchers, first_ms, at_ms)
+            if windows is not None:
+                for key, w in windows.items():
+                    value = _increase_of(w, mint, at_ms, self.semantics)
+                    if value is not None:
+                        out[key.labels] = value
+                return out
         for key, pts in self._read(metric, matchers, at_s, window_s).items():
             value = increase(
                 [p.ts_ms for p in pts], [p.value for p in pts], at_s, window_s, self.semantics

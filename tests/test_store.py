@@ -554,6 +554,31 @@ def test_backfill_below_the_watermark_is_downsampled_later(tmp_path: Path) -> No
         assert [p.ts_ms for p in s.points("kv_usage")[G]] == [T0 + 45_000, T0 + 9 * MIN]
 
 
+# --- the rollup (collector.rollup; exactness in tests/test_rollup.py) ---------------------------
+def test_counter_windows_give_what_increase_needs(tmp_path: Path) -> None:
+    from collector.rollup import CounterWindow
+
+    gauge = key("reqs_total", instance="r3", pool="p")  # same name, but a gauge family
+    with Store(tmp_path / "vigil.db") as s:
+        s.write([(A, "counter", T0 + i * MIN, v) for i, v in
+                 enumerate([5.0, 7.0, None, 2.0, math.nan, 4.0, 4.0])])
+        s.write([(gauge, "gauge", T0 + i * MIN, v) for i, v in enumerate([3.0, 1.0, 2.0])])
+        end = T0 + 6 * MIN
+        assert s.counter_windows("reqs_total", {}, T0, end) is None  # never compacted
+        s.compact(now=(T0 + 4 * 3600_000) / 1000)
+        got = s.counter_windows("reqs_total", {}, T0, end)
+        # A: the marker is skipped (7 -> 2 is a reset), NaN is never part of one
+        assert got == {A: CounterWindow(6, T0, 5.0, end, 4.0, (7.0,)),
+                       gauge: CounterWindow(3, T0, 3.0, T0 + 2 * MIN, 2.0, (3.0,))}
+        assert list(got) == sorted(got)  # key order, like every read
+        assert s.counter_windows("reqs_total", {"instance": "r1"}, T0 + MIN + 1, end) == {
+            A: CounterWindow(4, T0 + 3 * MIN, 2.0, end, 4.0, ())}  # the drop's 7 is outside
+        assert s.counter_windows("nothing", {}, T0, end) == {}
+    with Store.open_readonly(tmp_path / "vigil.db") as ro:
+        assert ro.counter_windows("reqs_total", {"instance": "r1"}, T0, end) == {
+            A: CounterWindow(6, T0, 5.0, end, 4.0, (7.0,))}
+
+
 # --- the acceptance test: increase() over downsampled data matches the raw data -------------
 def sum_of_deltas(vals: list[float | None]) -> float:
     """Prometheus's counter delta: a drop counts as a restart from zero."""

@@ -1,0 +1,447 @@
+"""Counter rollups: what ``increase()`` needs from a long window, kept as lookups.
+
+Prometheus's ``extrapolatedRate`` (promql/functions.go; ``rate``/``increase``) reads exactly
+four things from the samples a range selects (staleness markers excluded):
+
+1. the first sample ``(ts, value)``,
+2. the last sample ``(ts, value)``,
+3. how many samples there are,
+4. the value just before each drop (a counter reset), added to ``last - first`` in sample order.
+
+Reading every sample of a 30-day window to get these is what makes long windows slow. For
+counter-like series (``series.counter = 1``) the store keeps, besides the samples:
+
+* ``rollup(series_id, blk, n)``: the number of non-stale samples in each whole block of
+  ``BLOCK_MS`` (one hour, aligned to the Unix epoch); an empty block has no row;
+* ``rollup_day(series_id, day, n)``: the same per UTC day (``BLOCKS_PER_DAY`` blocks), the sum
+  of its hours' rows, so that a 30-day window sums 30 rows rather than 720;
+* ``rollup_resets(series_id, ts, before)``: every drop between two adjacent non-stale samples,
+  keyed by the timestamp of the sample *after* the drop, with the value *before* it. Drops are
+  rare (restarts), so this table is tiny. A drop whose earlier sample lies in an earlier block
+  is stored too (with that block's last value as ``before``).
+
+Then, for a window ``[start, end]`` (ms, inclusive): items 1 and 2 are primary-key seeks in
+``samples``; item 3 is ``SUM(n)`` over the whole days and hours inside the window plus a
+``COUNT`` of the samples in the partial hours at its two edges; item 4 is a range scan of
+``rollup_resets`` over the window (the partial hours at the edges are rolled up too: only
+their count needs a scan). Only the not-yet-rolled-up recent part (what is still in the write
+head) is read sample by sample.
+
+Exactness. The result is the same float64 as computing from all samples: the count and the
+first/last samples are facts, and the resets are returned individually, in sample order, so
+the caller adds them one at a time exactly as ``slo.rate._raw_change`` does (no reliance on
+the sum being exact). Drops are detected with IEEE comparisons: values are compared only when
+both are REALs (a NaN sample is stored as the TEXT ``'NaN'`` and never starts or ends a drop,
+as ``NaN < x`` is false in Go); ±Inf are REALs and compare as in Go.
+
+Coverage (``meta``), all Unix ms:
+
+* ``rollup_watermark_ms`` (W): the head's last move cut, so not block-aligned. Below W every
+  drop is in ``rollup_resets``, every whole block has its row, and the write head holds no
+  sample. The block holding W has a row for its samples below W; readers never use it as a
+  whole block, and compaction rebuilds it when W moves on;
+* ``rollup_dirty_ms`` (D, block-aligned): a ``write()`` landed below W (a backfill, ``vigil
+  ingest`` of old data), or a series became counter-like (a trigger sets D to 0): the blocks
+  from D up are stale;
+* ``rollup_rebuild_ms`` (R, block-aligned): compaction is rebuilding the blocks from R to W
+  (R advances as it goes, so an interrupted compaction resumes).
+
+Readers use the rollup below ``min(W, D, R)`` only (``fast_limit``) and read everything above
+it raw, all in one snapshot. Compaction (``Store.compact``) moves W to its cut (rebuilding from
+the hour that held the old W), turns D into R and rebuilds from there, and — in the same
+transaction as the change — rebuilds the blocks that downsampling or expiry changed. A
+block's rows depend only on its own samples and on the last sample before it (for the drop
+into its first sample), so a rebuild of ``[lo, hi)`` also re-checks the drop into the first
+sample at or after ``hi`` (``rebuild``).
+
+Units: timestamps and block bounds are Unix **milliseconds** (int).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import pairwise
+from typing import NamedTuple
+
+__all__ = [
+    "BLOCKS_PER_DAY",
+    "BLOCK_MS",
+    "K_DIRTY",
+    "K_REBUILD",
+    "K_WATERMARK",
+    "SCHEMA",
+    "CounterWindow",
+    "Plan",
+    "block_ceil",
+    "block_floor",
+    "concat",
+    "fast_limit",
+    "note_dirty",
+    "plan",
+    "rebuild",
+    "region_windows",
+    "summarize",
+    "windows_of_rows",
+]
+
+#: Rollup block length (ms): one hour. Windows of the SLO engine are whole hours or days, and
+#: an hour of 15 s scrapes (240 samples) is cheap to count at each edge of a window.
+BLOCK_MS = 3_600_000
+#: Blocks per ``rollup_day`` row (UTC days).
+BLOCKS_PER_DAY = 24
+
+# meta keys (see the module docstring)
+K_WATERMARK = "rollup_watermark_ms"
+K_DIRTY = "rollup_dirty_ms"
+K_REBUILD = "rollup_rebuild_ms"
+
+#: DDL of the rollup: created with a new store and by the schema-1 -> 2 migration.
+SCHEMA = (
+    """CREATE TABLE rollup (
+        series_id INTEGER NOT NULL,
+        blk INTEGER NOT NULL,          -- block index: ts // BLOCK_MS
+        n INTEGER NOT NULL,            -- non-stale samples in the block
+        PRIMARY KEY (series_id, blk)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE rollup_day (
+        series_id INTEGER NOT NULL,
+        day INTEGER NOT NULL,          -- blk // BLOCKS_PER_DAY
+        n INTEGER NOT NULL,            -- the sum of its blocks' n
+        PRIMARY KEY (series_id, day)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE rollup_resets (
+        series_id INTEGER NOT NULL,
+        ts INTEGER NOT NULL,           -- Unix ms of the sample after the drop
+        before REAL NOT NULL,          -- the value of the sample before it
+        PRIMARY KEY (series_id, ts)
+    ) WITHOUT ROWID""",
+    # A series that becomes counter-like has no rollup for its past: rebuild from the start.
+    # (Rare: an exporter changed a family's type.) Becoming a gauge needs nothing: readers
+    # only use the rollup of series that are counter-like now.
+    f"""CREATE TRIGGER rollup_counter_on AFTER UPDATE OF counter ON series
+        WHEN NEW.counter AND NOT OLD.counter
+        BEGIN
+            INSERT INTO meta (key, value) VALUES ('{K_DIRTY}', '0')
+            ON CONFLICT (key) DO UPDATE SET value = '0';
+        END""",
+)
+
+
+def block_floor(ms: int) -> int:
+    """The start (ms) of the block holding ``ms``."""
+    return ms // BLOCK_MS * BLOCK_MS
+
+
+def block_ceil(ms: int) -> int:
+    """The start (ms) of the first block that starts at or after ``ms``."""
+    return -(-ms // BLOCK_MS) * BLOCK_MS
+
+
+def note_dirty(conn: sqlite3.Connection, oldest_ms: int) -> None:
+    """A write landed below the rollup watermark at ``oldest_ms``: mark its block stale (D)."""
+    conn.execute(
+        """INSERT INTO meta (key, value) VALUES (?, ?)
+           ON CONFLICT (key) DO UPDATE
+           SET value = MIN(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))""",
+        (K_DIRTY, str(max(0, block_floor(oldest_ms)))),
+    )
+
+
+def fast_limit(meta: Mapping[str, str]) -> int | None:
+    """Blocks below this (ms) may be read from the rollup; ``None`` before the first build."""
+    if K_WATERMARK not in meta:
+        return None
+    marks = [int(meta[k]) for k in (K_WATERMARK, K_DIRTY, K_REBUILD) if k in meta]
+    return min(marks)
+
+
+# --- maintenance -------------------------------------------------------------------------------
+# All statements work on the series ids [a, b) (a compaction chunk) and the span [lo, hi)
+# (lo block-aligned; hi may cut a block). Only counter-like series get rows, but the rows of
+# every series in the chunk are deleted first, so a series that stopped being counter-like
+# loses its stale rows.
+
+_DELETE_BLOCKS = """
+DELETE FROM rollup WHERE series_id >= :a AND series_id < :b AND blk >= :blo AND blk < :bhi
+"""
+_DELETE_DAYS = """
+DELETE FROM rollup_day WHERE series_id >= :a AND series_id < :b AND day >= :dlo AND day < :dhi
+"""
+_INSERT_DAYS = f"""
+INSERT INTO rollup_day (series_id, day, n)
+SELECT series_id, blk / {BLOCKS_PER_DAY}, SUM(n) FROM rollup
+WHERE series_id >= :a AND series_id < :b
+  AND blk >= :dlo * {BLOCKS_PER_DAY} AND blk < :dhi * {BLOCKS_PER_DAY}
+GROUP BY 1, 2
+"""
+_DELETE_RESETS = """
+DELETE FROM rollup_resets WHERE series_id >= :a AND series_id < :b AND ts >= :lo AND ts < :hi
+"""
+_COUNTER_IDS = "SELECT id FROM series WHERE id >= :a AND id < :b AND counter"
+_INSERT_BLOCKS = f"""
+INSERT INTO rollup (series_id, blk, n)
+SELECT series_id, ts / {BLOCK_MS}, COUNT(*) FROM samples
+WHERE series_id IN ({_COUNTER_IDS}) AND ts >= :lo AND ts < :hi AND value IS NOT NULL
+GROUP BY 1, 2
+"""
+# The drops with their later sample in [lo, hi): LAG over the span's non-stale samples plus,
+# per series, the last non-stale sample before lo (the true predecessor of the first one).
+# `typeof(...) = 'real'` keeps NaN (stored as TEXT) out of every comparison, as IEEE does.
+_INSERT_RESETS = f"""
+INSERT INTO rollup_resets (series_id, ts, before)
+SELECT sid, ts, prev FROM (
+    SELECT sid, ts, v, LAG(v) OVER (PARTITION BY sid ORDER BY ts) AS prev FROM (
+        SELECT series_id AS sid, ts, value AS v FROM samples
+        WHERE series_id IN ({_COUNTER_IDS}) AND ts >= :lo AND ts < :hi AND value IS NOT NULL
+        UNION ALL
+        SELECT c.id, p.ts, p.value FROM series AS c
+        JOIN samples AS p ON p.series_id = c.id AND p.ts = (
+            SELECT ts FROM samples
+            WHERE series_id = c.id AND ts < :lo AND value IS NOT NULL
+            ORDER BY ts DESC LIMIT 1)
+        WHERE c.id >= :a AND c.id < :b AND c.counter
+    )
+)
+WHERE ts >= :lo AND typeof(v) = 'real' AND typeof(prev) = 'real' AND v < prev
+"""
+# The first non-stale sample at or after hi keeps its drop row only if it is still a drop from
+# the (possibly changed) last sample before hi. Only within the rolled-up part (< :w); above
+# it, the block is built later with the right predecessor.
+_FIRST_AFTER = """(
+    SELECT s.ts FROM samples AS s
+    WHERE s.series_id = {sid} AND s.ts >= :hi AND s.value IS NOT NULL
+    ORDER BY s.ts LIMIT 1)"""
+# (CROSS JOIN keeps `series` the outer loop: two seeks per series, never a scan of samples.)
+_FIX_DELETE = f"""
+DELETE FROM rollup_resets WHERE (series_id, ts) IN (
+    SELECT c.id, {_FIRST_AFTER.format(sid="c.id")} FROM series AS c
+    WHERE c.id >= :a AND c.id < :b)
+  AND ts >= :hi AND ts < :w
+"""
+_FIX_INSERT = f"""
+INSERT OR REPLACE INTO rollup_resets (series_id, ts, before)
+SELECT c.id, nx.ts, pv.value FROM series AS c
+CROSS JOIN samples AS nx ON nx.series_id = c.id AND nx.ts = {_FIRST_AFTER.format(sid="c.id")}
+CROSS JOIN samples AS pv ON pv.series_id = c.id AND pv.ts = (
+    SELECT ts FROM samples
+    WHERE series_id = c.id AND ts < :hi AND value IS NOT NULL
+    ORDER BY ts DESC LIMIT 1)
+WHERE c.id >= :a AND c.id < :b AND c.counter AND nx.ts < :w
+  AND typeof(nx.value) = 'real' AND typeof(pv.value) = 'real' AND nx.value < pv.value
+"""
+
+
+def rebuild(conn: sqlite3.Connection, a: int, b: int, lo: int, hi: int, w: int) -> int:
+    """Recompute the rollup of series ids ``[a, b)`` for ``[lo, hi)`` (ms; ``lo`` block-aligned
+    and ``>= 0``; ``hi`` may cut a block, whose row then counts its samples below ``hi``) from
+    ``samples``, then re-check the drop into each series' first sample at or after ``hi`` if
+    that sample is below ``w`` (the rollup watermark).
+
+    Runs inside the caller's transaction. Idempotent. Returns the number of block rows written.
+    """
+    if hi <= lo:
+        return 0
+    blo, bhi = lo // BLOCK_MS, -(-hi // BLOCK_MS)
+    params = {"a": a, "b": b, "lo": lo, "hi": hi, "blo": blo, "bhi": bhi, "w": w,
+              "dlo": blo // BLOCKS_PER_DAY, "dhi": -(-bhi // BLOCKS_PER_DAY)}
+    conn.execute(_DELETE_BLOCKS, params)
+    conn.execute(_DELETE_RESETS, params)
+    written = conn.execute(_INSERT_BLOCKS, params).rowcount
+    # The days these hours belong to, from all their hours' rows (rebuilt or not).
+    conn.execute(_DELETE_DAYS, params)
+    conn.execute(_INSERT_DAYS, params)
+    conn.execute(_INSERT_RESETS, params)
+    if hi < w:
+        conn.execute(_FIX_DELETE, params)
+        conn.execute(_FIX_INSERT, params)
+    return written
+
+
+def expire(conn: sqlite3.Connection, a: int, b: int, cut_ms: int, w: int) -> int:
+    """After samples below ``cut_ms`` were deleted: drop the rollup below it and rebuild the
+    block holding ``cut_ms`` (partly expired, and its first sample lost its predecessor)."""
+    first = max(0, block_floor(cut_ms))
+    conn.execute(
+        "DELETE FROM rollup WHERE series_id >= :a AND series_id < :b AND blk < :blo",
+        {"a": a, "b": b, "blo": first // BLOCK_MS},
+    )
+    conn.execute(  # the day holding `first` is recomputed by the rebuild below
+        "DELETE FROM rollup_day WHERE series_id >= :a AND series_id < :b AND day < :dlo",
+        {"a": a, "b": b, "dlo": first // BLOCK_MS // BLOCKS_PER_DAY},
+    )
+    conn.execute(
+        "DELETE FROM rollup_resets WHERE series_id >= :a AND series_id < :b AND ts < :lo",
+        {"a": a, "b": b, "lo": first},
+    )
+    if first >= w:
+        # Nothing rolled up there; only the day's row may have counted expired hours.
+        dlo = first // BLOCK_MS // BLOCKS_PER_DAY
+        params = {"a": a, "b": b, "dlo": dlo, "dhi": dlo + 1}
+        conn.execute(_DELETE_DAYS, params)
+        conn.execute(_INSERT_DAYS, params)
+        return 0
+    return rebuild(conn, a, b, first, min(first + BLOCK_MS, w), w)
+
+
+# --- reading -----------------------------------------------------------------------------------
+class CounterWindow(NamedTuple):
+    """One series' window as ``extrapolatedRate`` sees it (staleness markers excluded).
+
+    ``n``: number of samples; ``first_ts``/``last_ts``: Unix ms; ``first_value``/
+    ``last_value``: the samples' values (NaN possible); ``resets``: the value before each drop
+    (``current < previous``), in sample order.
+    """
+
+    n: int
+    first_ts: int
+    first_value: float
+    last_ts: int
+    last_value: float
+    resets: tuple[float, ...] = ()
+
+
+class Plan(NamedTuple):
+    """How a window ``[start, end]`` splits (ms): samples in ``[start, hi)`` (below the rollup
+    limit) are summarised in SQL — ``[m0, m1)`` from the whole hours' and days' rows, the
+    edges ``[start, m0)`` and ``[m1, hi)`` by counting their samples (``m0 == m1 == hi`` when
+    no whole hour fits); samples in ``[hi, end]`` (above the limit: what the write head still
+    holds, or hours a backfill made stale) are read raw."""
+
+    start: int
+    m0: int
+    m1: int
+    hi: int
+    end: int
+
+
+def plan(start_ms: int, end_ms: int, limit_ms: int) -> Plan:
+    """Split ``[start_ms, end_ms]`` (inclusive) at ``limit_ms`` (``fast_limit``) and around
+    the whole blocks below it (see ``Plan``)."""
+    hi = max(start_ms, min(end_ms + 1, limit_ms))
+    b0 = max(0, -(-start_ms // BLOCK_MS))
+    b1 = hi // BLOCK_MS
+    if b1 <= b0:
+        return Plan(start_ms, hi, hi, hi, end_ms)
+    return Plan(start_ms, b0 * BLOCK_MS, b1 * BLOCK_MS, hi, end_ms)
+
+
+_IDS = "SELECT value FROM json_each(:ids)"
+_SEEK = """(
+    SELECT ts FROM samples WHERE series_id = j.value AND ts >= :lo AND ts < :hi
+      AND value IS NOT NULL ORDER BY ts {order} LIMIT 1)"""
+_COUNT = """(
+    SELECT COUNT(*) FROM samples WHERE series_id = j.value AND ts >= {lo} AND ts < {hi}
+      AND value IS NOT NULL)"""
+_HOURS = """COALESCE((
+    SELECT SUM(n) FROM rollup WHERE series_id = j.value AND blk >= {lo} AND blk < {hi}), 0)"""
+# Per series: the sample count of [lo, hi) — edges counted, whole hours and days from the
+# rollup — and its first and last non-stale samples.
+_REGION = f"""
+SELECT j.value,
+       {_COUNT.format(lo=":lo", hi=":m0")} + {_COUNT.format(lo=":m1", hi=":hi")}
+       + {_HOURS.format(lo=":b0", hi=":h0")} + {_HOURS.format(lo=":h1", hi=":b1")}
+       + COALESCE((SELECT SUM(n) FROM rollup_day
+                   WHERE series_id = j.value AND day >= :d0 AND day < :d1), 0),
+       f.ts, f.value, l.ts, l.value
+FROM json_each(:ids) AS j
+JOIN samples AS f ON f.series_id = j.value AND f.ts = {_SEEK.format(order="ASC")}
+JOIN samples AS l ON l.series_id = j.value AND l.ts = {_SEEK.format(order="DESC")}
+"""
+# The drops of [lo, hi). Every block below the rollup limit is rolled up — also the two
+# partial blocks at the edges — so every drop whose later sample lies in [lo, hi) is stored.
+_REGION_RESETS = f"""
+SELECT series_id, ts, before FROM rollup_resets
+WHERE series_id IN ({_IDS}) AND ts >= :lo AND ts < :hi
+ORDER BY 1, 2
+"""
+
+
+def _value(v: object) -> float:
+    """A stored value as a float: REAL as is, the TEXT ``'NaN'`` as NaN (markers, SQL NULL,
+    are excluded before this)."""
+    if type(v) is float:
+        return v
+    return math.nan if isinstance(v, str) else float(v)  # type: ignore[arg-type]
+
+
+def region_windows(
+    conn: sqlite3.Connection, ids: Sequence[int], p: Plan
+) -> dict[int, CounterWindow]:
+    """Per series id: the ``CounterWindow`` of its samples in ``[p.start, p.hi)``, from the
+    rollup and the edge samples (see ``Plan``). The span must lie below ``fast_limit``, where
+    every sample is in ``samples`` (none in the write head). Series without samples there are
+    absent. Run it in the same read transaction as the ``fast_limit`` it was planned with."""
+    if not ids or p.hi <= p.start:
+        return {}
+    b0, b1 = p.m0 // BLOCK_MS, p.m1 // BLOCK_MS
+    # Whole days inside the whole blocks: [d0, d1) (days end below m1, so below the limit).
+    d0, d1 = -(-b0 // BLOCKS_PER_DAY), b1 // BLOCKS_PER_DAY
+    if d1 <= d0:  # no whole day: all hours
+        d0 = d1 = 0
+        h0 = h1 = b1
+    else:
+        h0, h1 = d0 * BLOCKS_PER_DAY, d1 * BLOCKS_PER_DAY
+    params = {
+        "ids": json.dumps(list(ids)), "lo": p.start, "m0": p.m0, "m1": p.m1, "hi": p.hi,
+        "b0": b0, "b1": b1, "h0": h0, "h1": h1, "d0": d0, "d1": d1,
+    }
+    resets: dict[int, list[tuple[int, float]]] = {}
+    for sid, ts, before in conn.execute(_REGION_RESETS, params):
+        resets.setdefault(sid, []).append((ts, float(before)))
+    out: dict[int, CounterWindow] = {}
+    for sid, n, fts, fv, lts, lv in conn.execute(_REGION, params):
+        # A drop into the region's first sample comes from a sample before the window; any
+        # later one from a sample at or after the first (the sample just before it).
+        drops = tuple(b for ts, b in resets.get(sid, ()) if ts > fts)
+        out[sid] = CounterWindow(int(n), fts, _value(fv), lts, _value(lv), drops)
+    return out
+
+
+def summarize(points: Iterable[tuple[int, object]]) -> CounterWindow | None:
+    """The ``CounterWindow`` of raw points ``(ts_ms, value)`` in time order (``None`` is a
+    staleness marker, the TEXT ``'NaN'`` a NaN as stored); ``None`` when none is a sample."""
+    pts = [(t, _value(v)) for t, v in points if v is not None]
+    if not pts:
+        return None
+    # `if currPoint.V < prevValue { resultValue += prevValue }` (extrapolatedRate)
+    drops = tuple(a for (_, a), (_, b) in pairwise(pts) if b < a)
+    return CounterWindow(len(pts), pts[0][0], pts[0][1], pts[-1][0], pts[-1][1], drops)
+
+
+def windows_of_rows(rows: Iterable[tuple[int, int, object, int]]) -> dict[int, CounterWindow]:
+    """Per series id, the ``CounterWindow`` of stored rows ``(series id, ts, value, table)``
+    sorted by series and ts (``Store``'s merged read of the main table, 0, and the write head,
+    1): of two rows with the same series and ts, the head's wins."""
+    series: dict[int, list[tuple[int, object]]] = {}
+    cur: list[tuple[int, object]] = []
+    last_sid = last_ts = None
+    for sid, ts, v, src in rows:
+        if sid != last_sid:
+            cur = series[sid] = []
+        elif ts == last_ts:
+            if not src:
+                continue
+            cur.pop()
+        cur.append((ts, v))
+        last_sid, last_ts = sid, ts
+    out: dict[int, CounterWindow] = {}
+    for sid, pts in series.items():
+        w = summarize(pts)
+        if w is not None:
+            out[sid] = w
+    return out
+
+
+def concat(head: CounterWindow | None, tail: CounterWindow | None) -> CounterWindow | None:
+    """The window of ``head``'s samples followed by ``tail``'s (all of ``tail`` later): counts
+    add, the drop between ``head``'s last and ``tail``'s first sample is inserted in order."""
+    if head is None or tail is None:
+        return head if tail is None else tail
+    joint = (head.last_value,) if tail.first_value < head.last_value else ()
+    return CounterWindow(
+        head.n + tail.n, head.first_ts, head.first_value, tail.last_ts, tail.last_value,
+        head.resets + joint + tail.resets,
+    )
