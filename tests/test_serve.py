@@ -28,6 +28,46 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 PROMETHEUS = "/usr/bin/prometheus"
 
 
+def tight_slo_config(sim_base: str, hook: str, *, alerts_extra: str = "",
+                     route_extra: str = "") -> str:
+    """A serve config whose TTFT SLO (20 ms at 99.9 %) a loaded replica breaks at once, with
+    one route sending pages to ``hook``."""
+    return f"""
+[store]
+path = "vigil.db"
+[collector]
+scrape_interval = "1s"
+scrape_timeout = "800ms"
+[engine]
+evaluation_interval = "2s"
+window = "1m"
+[[pools]]
+name = "chat"
+model = "{MODEL}"
+[[targets]]
+name = "r0"
+url = "{sim_base}/metrics"
+pool = "chat"
+[[slos]]
+name = "chat-ttft"
+pool = "chat"
+indicator = "ttft"
+threshold_seconds = 0.02
+objective = 0.999
+[alerts]
+outbox_path = "alerts.db"
+{alerts_extra}
+[[alerts.routes]]
+name = "oncall"
+match = {{ severity = "page" }}
+url = "{hook}"
+format = "generic"
+group_wait = "1s"
+group_interval = "5s"
+{route_extra}
+"""
+
+
 def test_parse_listen():
     assert parse_listen("127.0.0.1:9464") == ("127.0.0.1", 9464)
     assert parse_listen("[::1]:0") == ("::1", 0)
@@ -99,38 +139,7 @@ def test_serve_pages_under_overload_and_is_scraped_by_prometheus(tmp_path):
     stop_load = threading.Event()
     with receiver() as (hook, got):
         cfg = tmp_path / "vigil.toml"
-        cfg.write_text(f"""
-[store]
-path = "vigil.db"
-[collector]
-scrape_interval = "1s"
-scrape_timeout = "800ms"
-[engine]
-evaluation_interval = "2s"
-window = "1m"
-[[pools]]
-name = "chat"
-model = "{MODEL}"
-[[targets]]
-name = "r0"
-url = "{sim_base}/metrics"
-pool = "chat"
-[[slos]]
-name = "chat-ttft"
-pool = "chat"
-indicator = "ttft"
-threshold_seconds = 0.02
-objective = 0.999
-[alerts]
-outbox_path = "alerts.db"
-[[alerts.routes]]
-name = "oncall"
-match = {{ severity = "page" }}
-url = "{hook}"
-format = "generic"
-group_wait = "1s"
-group_interval = "5s"
-""")
+        cfg.write_text(tight_slo_config(sim_base, hook))
         prom_cfg = tmp_path / "prometheus.yml"
         prom_cfg.write_text(f"""
 global:

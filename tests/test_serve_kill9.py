@@ -28,7 +28,7 @@ import httpx
 import pytest
 from helpers import free_port
 from test_alert_support import Request, alert, receiver
-from test_serve import MODEL, load, stop_process, wait_for
+from test_serve import MODEL, load, stop_process, tight_slo_config, wait_for
 
 from alerts.notifier import Notifier
 from alerts.outbox import Outbox
@@ -44,41 +44,11 @@ ROUTE_TIMEOUT = "20s"
 
 
 def _config(path: Path, sim_base: str, hook: str) -> None:
-    path.write_text(f"""
-[store]
-path = "vigil.db"
-[collector]
-scrape_interval = "1s"
-scrape_timeout = "800ms"
-[engine]
-evaluation_interval = "2s"
-window = "1m"
-[[pools]]
-name = "chat"
-model = "{MODEL}"
-[[targets]]
-name = "r0"
-url = "{sim_base}/metrics"
-pool = "chat"
-[[slos]]
-name = "chat-ttft"
-pool = "chat"
-indicator = "ttft"
-threshold_seconds = 0.02
-objective = 0.999
-[alerts]
-outbox_path = "alerts.db"
-retry_initial = "500ms"
-retry_max = "2s"
-[[alerts.routes]]
-name = "oncall"
-match = {{ severity = "page" }}
-url = "{hook}"
-format = "generic"
-group_wait = "1s"
-group_interval = "5s"
-timeout = "{ROUTE_TIMEOUT}"
-""")
+    path.write_text(tight_slo_config(
+        sim_base, hook,
+        alerts_extra='retry_initial = "500ms"\nretry_max = "2s"',
+        route_extra=f'timeout = "{ROUTE_TIMEOUT}"',
+    ))
 
 
 def _serve(cfg: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
