@@ -8,12 +8,12 @@ STAMP  := $(VENV)/.vigil-installed
 # apt-get needs root; use sudo when we are not root and sudo exists.
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint venv prometheus alertmanager bench clean
+.PHONY: demo test lint venv prometheus alertmanager chromium bench clean
 
 demo: venv
 	$(BIN)/vigil demo
 
-test: venv prometheus alertmanager
+test: venv prometheus alertmanager chromium
 	$(BIN)/ruff check --no-cache .
 	$(BIN)/pytest
 
@@ -32,7 +32,10 @@ $(STAMP): pyproject.toml
 		echo "python3 -m venv failed; installing Debian's python3-venv"; \
 		$(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	@# The CPU build of torch lies on this machine's disk; an unpinned torch (pulled in by
+	@# sentence-transformers) would download a multi-GB CUDA build instead.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev,semantic]'
 	@touch $@
 
 # The tests start a real Prometheus (Debian's package); install it when promtool is missing.
@@ -51,6 +54,12 @@ alertmanager:
 		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends prometheus-alertmanager; \
 		if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
 			$(SUDO) systemctl disable --now prometheus-alertmanager 2>/dev/null || true; fi; }
+
+# The dashboard's browser test drives Debian's Chromium headless (never a downloaded browser).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "chromium not found: installing Debian's package"; \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium; }
 
 clean:
 	rm -rf $(VENV) demo-data .pytest_cache .ruff_cache

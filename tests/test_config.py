@@ -12,11 +12,13 @@ from pydantic import BaseModel
 
 from vigil.config import (
     AlertRouteConfig,
+    ApiKeyConfig,
     BurnRateAlert,
     Config,
     PoolConfig,
     SloConfig,
     TargetConfig,
+    VllmProfileConfig,
     load_config,
     parse_config,
 )
@@ -76,7 +78,7 @@ def _fields(model: type[BaseModel], prefix: str = "") -> set[str]:
             continue
         ann = info.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
-            out |= _fields(ann, f"{name}.")
+            out |= _fields(ann, f"{prefix}{name}.")
         else:
             out.add(prefix + name)
     return out
@@ -101,15 +103,18 @@ def test_example_documents_every_key_with_a_comment():
     for field in _fields(Config):
         # tables of their own, checked below
         if field in ("prices", "pools", "targets", "slos", "engine.burn_rate_alerts",
-                     "alerts.routes"):
+                     "alerts.routes", "gateway.api_keys"):
             continue
         assert field in keys_in_file, f"{field} missing from example"
     # arrays of tables too
     for section, sub in (
         ("pools", PoolConfig), ("targets", TargetConfig), ("slos", SloConfig),
         ("engine.burn_rate_alerts", BurnRateAlert), ("alerts.routes", AlertRouteConfig),
+        ("gateway.api_keys", ApiKeyConfig), ("pools.vllm", VllmProfileConfig),
     ):
-        for name in sub.model_fields:
+        for name, info in sub.model_fields.items():
+            if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+                continue  # a table of its own, listed above
             assert f"{section}.{name}" in keys_in_file, f"{section}.{name} undocumented"
 
 

