@@ -99,6 +99,17 @@ class RequestRecord(NamedTuple):
     ttft_s: float | None = None
     e2e_s: float | None = None
     error: bool = False
+    #: Who sent it (gateway only): tenant, tier ("premium" | "standard" | "batch").
+    tenant: str = ""
+    tier: str = ""
+    #: Error class: "" (none), "timeout", "upstream_5xx", "oom", "client_cancel", "rejected",
+    #: "over_cap", "bad_request", "upstream_4xx".
+    error_class: str = ""
+    #: "l1" (exact) or "l2" (semantic) when answered from the cache, else "".
+    cache_hit: str = ""
+    #: GPU cost attributed to the request (USD); a cache hit costs 0 and saves ``saved_usd``.
+    cost_usd: float | None = None
+    saved_usd: float | None = None
 
 
 @runtime_checkable

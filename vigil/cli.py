@@ -254,6 +254,15 @@ def _cmd_loadgen(args: argparse.Namespace) -> int:
     return loadgen.run(args)
 
 
+def _run_module(module: str) -> Any:
+    """A command function that imports ``module`` only when run and calls its ``run(args)``."""
+
+    def func(args: argparse.Namespace) -> int:
+        return int(importlib.import_module(module).run(args))
+
+    return func
+
+
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     """The argument parser; ``selected`` is the command about to run (its options are added)."""
     parser = argparse.ArgumentParser(
@@ -298,6 +307,13 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
          _cmd_loadgen),
         ("demo", "simulated fleet + load + collector, all on this machine", "vigil.demo",
          _cmd_demo),
+        ("gateway", "OpenAI-compatible gateway: tiers, max_tokens policy, semantic cache",
+         "serving.gateway.cli", _run_module("serving.gateway.cli")),
+        ("vllm-args", "print the `vllm serve` command for a pool's launch profile",
+         "serving.vllm_args", _run_module("serving.vllm_args")),
+        ("vllm-serve", "run `vllm serve` for a pool (needs the vllm extra and a GPU)",
+         "serving.vllm_launch", _run_module("serving.vllm_launch")),
+        ("dashboard", "the Streamlit dashboard", "dashboard.cli", _run_module("dashboard.cli")),
     ]
     for name, help_text, module, func in lazy:
         p = sub.add_parser(name, help=help_text)
