@@ -44,7 +44,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from collector.store import Store  # noqa: E402
+from collector.store import SCHEMA_VERSION, Store  # noqa: E402
 from slo.embedded import EmbeddedSource  # noqa: E402
 from slo.prometheus import PrometheusSource  # noqa: E402
 from slo.status import evaluate  # noqa: E402
@@ -219,6 +219,21 @@ def build_store(path: Path, size: Size) -> dict[str, float]:
     return times
 
 
+def upgrade_store(path: Path) -> None:
+    """A store cached by an older Vigil: opening it writable migrates its schema, and
+    ``compact()`` rebuilds the rollup the migration marked stale."""
+    with Store.open_readonly(path) as ro:
+        version = int(ro._meta()["schema_version"])
+    if version >= SCHEMA_VERSION:
+        return
+    t0 = time.perf_counter()
+    with Store(path, clock=lambda: END_MS / 1000 + 300, raw_retention_s=40 * 86400,
+               downsampled_retention_s=45 * 86400) as store:
+        report = store.compact(now=END_MS / 1000 + 300)
+    print(f"  store schema {version} -> {SCHEMA_VERSION}, rollup rebuilt in "
+          f"{time.perf_counter() - t0:.0f} s: {report}", file=sys.stderr)
+
+
 # --- Prometheus ---------------------------------------------------------------------------------
 def _om_escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
@@ -387,18 +402,32 @@ def main(argv: list[str] | None = None) -> int:
 
     store_dir = args.data / f"store-{size.name}"
     built = _cached(store_dir, size, "store", lambda: build_store(store_dir / "vigil.db", size))
+    upgrade_store(store_dir / "vigil.db")
+    data = f"{size.replicas} replicas × {size.days:g} d"
     with Store.open_readonly(store_dir / "vigil.db") as store:
+        # `vigil slo status` as shipped: Prometheus 3 rules (the default).
+        source3 = EmbeddedSource(store, semantics="3")
+        fast3 = {k: best_of(args.repeat, lambda c=c: evaluate(c, source3, at))
+                 for k, c in configs.items()}
+        up3_s, _ = best_of(args.repeat, lambda: source3.avg_over_time(
+            "up", {"pool": POOL, "kind": "vllm"}, at, 30 * 86400))
+        notes.append(f"`avg_over_time(up[30d])` alone (the availability SLO's period): "
+                     f"{up3_s:.3f} s embedded, 3.x rules (gauge rollup)")
+        rows.append(
+            f"| embedded, rollup, 3.x rules (default) | {data} | | | | "
+            f"| **{fast3['all'][0]:.3f} s** | **{fast3['no_av'][0]:.3f} s** | |")
         n_series = len(store.series())
+        # 2.x rules: bit-identical with Debian's Prometheus 2.42 below.
         source = EmbeddedSource(store, semantics="2")
         fast = {k: best_of(args.repeat, lambda c=c: evaluate(c, source, at))
                 for k, c in configs.items()}
         up_s, _ = best_of(args.repeat, lambda: source.avg_over_time(
             "up", {"pool": POOL, "kind": "vllm"}, at, 30 * 86400))
-        notes.append(f"`avg_over_time(up[30d])` alone (the availability SLO's period): "
-                     f"{up_s:.3f} s embedded")
-        data = f"{size.replicas} replicas × {size.days:g} d"
+        notes.append(f"`avg_over_time(up[30d])` alone, 2.x rules: {up_s:.3f} s embedded "
+                     f"(2.x's running mean of a 0/1 series with downtime is order-dependent: "
+                     f"read sample by sample)")
         rows.append(
-            f"| embedded, rollup | {data} | {n_series:,} | {int(built['rows']):,} "
+            f"| embedded, rollup, 2.x rules | {data} | {n_series:,} | {int(built['rows']):,} "
             f"| {_du(store_dir)} | load {built['load_s']:.0f} s "
             f"+ compact {built['compact_s']:.0f} s "
             f"| **{fast['all'][0]:.3f} s** | **{fast['no_av'][0]:.3f} s** | |")

@@ -20,6 +20,16 @@ counter-like series (``series.counter = 1``) the store keeps, besides the sample
   rare (restarts), so this table is tiny. A drop whose earlier sample lies in an earlier block
   is stored too (with that block's last value as ``before``).
 
+Gauges (series that are not counter-like) get the same per-hour and per-day rows in
+``rollup_gauge`` / ``rollup_gauge_day`` for ``avg_over_time``: ``n`` (non-stale samples),
+``nint`` (of which integer-valued REALs with ``|v| <= 2**31``), ``total`` (their sum) and the
+``vmin``/``vmax`` of the REAL samples. A mean over those rows is exact only when PromQL's own
+mean is provably the same float: every sample an integer (then every partial sum is an exact
+integer below 2**53, Neumaier's compensation stays 0 and Prometheus 3's ``sum / count`` is
+``total / n``), or, for Prometheus 2's running mean, every sample equal (the mean is that
+value). ``up`` (availability) is always the first case. Otherwise readers fall back to the raw
+samples (``GaugeWindow.mean`` returns ``None``).
+
 Then, for a window ``[start, end]`` (ms, inclusive): items 1 and 2 are primary-key seeks in
 ``samples``; item 3 is ``SUM(n)`` over the whole days and hours inside the window plus a
 ``COUNT`` of the samples in the partial hours at its two edges; item 4 is a range scan of
@@ -69,16 +79,21 @@ from typing import NamedTuple
 __all__ = [
     "BLOCKS_PER_DAY",
     "BLOCK_MS",
+    "GAUGE_SCHEMA",
     "K_DIRTY",
     "K_REBUILD",
     "K_WATERMARK",
     "SCHEMA",
     "CounterWindow",
+    "GaugeWindow",
     "Plan",
     "block_ceil",
     "block_floor",
     "concat",
     "fast_limit",
+    "gauge_concat",
+    "gauge_of_points",
+    "gauge_region",
     "note_dirty",
     "plan",
     "rebuild",
@@ -123,6 +138,37 @@ SCHEMA = (
     # only use the rollup of series that are counter-like now.
     f"""CREATE TRIGGER rollup_counter_on AFTER UPDATE OF counter ON series
         WHEN NEW.counter AND NOT OLD.counter
+        BEGIN
+            INSERT INTO meta (key, value) VALUES ('{K_DIRTY}', '0')
+            ON CONFLICT (key) DO UPDATE SET value = '0';
+        END""",
+)
+
+#: DDL of the gauge rollup (schema 3): created with a new store and by the 2 -> 3 migration.
+GAUGE_SCHEMA = (
+    """CREATE TABLE rollup_gauge (
+        series_id INTEGER NOT NULL,
+        blk INTEGER NOT NULL,          -- block index: ts // BLOCK_MS
+        n INTEGER NOT NULL,            -- non-stale samples in the block
+        nint INTEGER NOT NULL,         -- of which integer-valued REALs, |v| <= 2**31
+        total REAL NOT NULL,           -- the sum of those (exact: integers below 2**53)
+        vmin REAL,                     -- min and max of the REAL samples (NULL: none)
+        vmax REAL,
+        PRIMARY KEY (series_id, blk)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE rollup_gauge_day (
+        series_id INTEGER NOT NULL,
+        day INTEGER NOT NULL,          -- blk // BLOCKS_PER_DAY
+        n INTEGER NOT NULL,
+        nint INTEGER NOT NULL,
+        total REAL NOT NULL,
+        vmin REAL,
+        vmax REAL,
+        PRIMARY KEY (series_id, day)
+    ) WITHOUT ROWID""",
+    # A counter that becomes a gauge has no gauge rows for its past: rebuild from the start.
+    f"""CREATE TRIGGER rollup_counter_off AFTER UPDATE OF counter ON series
+        WHEN OLD.counter AND NOT NEW.counter
         BEGIN
             INSERT INTO meta (key, value) VALUES ('{K_DIRTY}', '0')
             ON CONFLICT (key) DO UPDATE SET value = '0';
@@ -234,12 +280,57 @@ WHERE c.id >= :a AND c.id < :b AND c.counter AND nx.ts < :w
 """
 
 
-def rebuild(conn: sqlite3.Connection, a: int, b: int, lo: int, hi: int, w: int) -> int:
+# Gauge rows: the same blocks, for the series that are not counter-like.
+_INT_SAMPLE = (
+    "typeof(value) = 'real' AND value = CAST(value AS INTEGER) AND abs(value) <= 2147483648"
+)
+_GAUGE_AGG = f"""COUNT(*), COALESCE(SUM({_INT_SAMPLE}), 0),
+    TOTAL(CASE WHEN {_INT_SAMPLE} THEN value END),
+    MIN(CASE WHEN typeof(value) = 'real' THEN value END),
+    MAX(CASE WHEN typeof(value) = 'real' THEN value END)"""
+_DELETE_GAUGE_BLOCKS = """
+DELETE FROM rollup_gauge WHERE series_id >= :a AND series_id < :b AND blk >= :blo AND blk < :bhi
+"""
+_DELETE_GAUGE_DAYS = """
+DELETE FROM rollup_gauge_day
+WHERE series_id >= :a AND series_id < :b AND day >= :dlo AND day < :dhi
+"""
+_INSERT_GAUGE_BLOCKS = f"""
+INSERT INTO rollup_gauge (series_id, blk, n, nint, total, vmin, vmax)
+SELECT series_id, ts / {BLOCK_MS}, {_GAUGE_AGG} FROM samples
+WHERE series_id IN (SELECT id FROM series WHERE id >= :a AND id < :b AND NOT counter)
+  AND ts >= :lo AND ts < :hi AND value IS NOT NULL
+GROUP BY 1, 2
+"""
+_INSERT_GAUGE_DAYS = f"""
+INSERT INTO rollup_gauge_day (series_id, day, n, nint, total, vmin, vmax)
+SELECT series_id, blk / {BLOCKS_PER_DAY}, SUM(n), SUM(nint), TOTAL(total), MIN(vmin), MAX(vmax)
+FROM rollup_gauge
+WHERE series_id >= :a AND series_id < :b
+  AND blk >= :dlo * {BLOCKS_PER_DAY} AND blk < :dhi * {BLOCKS_PER_DAY}
+GROUP BY 1, 2
+"""
+
+
+def _rebuild_gauges(conn: sqlite3.Connection, params: Mapping[str, int], gauges: bool) -> int:
+    if not gauges:
+        return 0
+    conn.execute(_DELETE_GAUGE_BLOCKS, params)
+    written = conn.execute(_INSERT_GAUGE_BLOCKS, params).rowcount
+    conn.execute(_DELETE_GAUGE_DAYS, params)
+    conn.execute(_INSERT_GAUGE_DAYS, params)
+    return written
+
+
+def rebuild(
+    conn: sqlite3.Connection, a: int, b: int, lo: int, hi: int, w: int, *, gauges: bool = True
+) -> int:
     """Recompute the rollup of series ids ``[a, b)`` for ``[lo, hi)`` (ms; ``lo`` block-aligned
     and ``>= 0``; ``hi`` may cut a block, whose row then counts its samples below ``hi``) from
     ``samples``, then re-check the drop into each series' first sample at or after ``hi`` if
     that sample is below ``w`` (the rollup watermark).
 
+    ``gauges``: also the gauge rows (``rollup_gauge``; stores of schema 3 and later).
     Runs inside the caller's transaction. Idempotent. Returns the number of block rows written.
     """
     if hi <= lo:
@@ -257,13 +348,25 @@ def rebuild(conn: sqlite3.Connection, a: int, b: int, lo: int, hi: int, w: int) 
     if hi < w:
         conn.execute(_FIX_DELETE, params)
         conn.execute(_FIX_INSERT, params)
-    return written
+    return written + _rebuild_gauges(conn, params, gauges)
 
 
-def expire(conn: sqlite3.Connection, a: int, b: int, cut_ms: int, w: int) -> int:
+def expire(
+    conn: sqlite3.Connection, a: int, b: int, cut_ms: int, w: int, *, gauges: bool = True
+) -> int:
     """After samples below ``cut_ms`` were deleted: drop the rollup below it and rebuild the
     block holding ``cut_ms`` (partly expired, and its first sample lost its predecessor)."""
     first = max(0, block_floor(cut_ms))
+    if gauges:
+        conn.execute(
+            "DELETE FROM rollup_gauge WHERE series_id >= :a AND series_id < :b AND blk < :blo",
+            {"a": a, "b": b, "blo": first // BLOCK_MS},
+        )
+        conn.execute(
+            "DELETE FROM rollup_gauge_day WHERE series_id >= :a AND series_id < :b "
+            "AND day < :dlo",
+            {"a": a, "b": b, "dlo": first // BLOCK_MS // BLOCKS_PER_DAY},
+        )
     conn.execute(
         "DELETE FROM rollup WHERE series_id >= :a AND series_id < :b AND blk < :blo",
         {"a": a, "b": b, "blo": first // BLOCK_MS},
@@ -282,8 +385,11 @@ def expire(conn: sqlite3.Connection, a: int, b: int, cut_ms: int, w: int) -> int
         params = {"a": a, "b": b, "dlo": dlo, "dhi": dlo + 1}
         conn.execute(_DELETE_DAYS, params)
         conn.execute(_INSERT_DAYS, params)
+        if gauges:
+            conn.execute(_DELETE_GAUGE_DAYS, params)
+            conn.execute(_INSERT_GAUGE_DAYS, params)
         return 0
-    return rebuild(conn, a, b, first, min(first + BLOCK_MS, w), w)
+    return rebuild(conn, a, b, first, min(first + BLOCK_MS, w), w, gauges=gauges)
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -445,3 +551,115 @@ def concat(head: CounterWindow | None, tail: CounterWindow | None) -> CounterWin
         head.n + tail.n, head.first_ts, head.first_value, tail.last_ts, tail.last_value,
         head.resets + joint + tail.resets,
     )
+
+
+# --- gauges: avg_over_time ---------------------------------------------------------------------
+class GaugeWindow(NamedTuple):
+    """What an exact ``avg_over_time`` may use of one series' window without its samples.
+
+    ``n``: non-stale samples; ``nint``: of which integer-valued REALs with ``|v| <= 2**31``;
+    ``total``: their sum (an exact integer); ``vmin``/``vmax``: over the REAL samples
+    (``None`` when there is none).
+    """
+
+    n: int
+    nint: int
+    total: float
+    vmin: float | None
+    vmax: float | None
+
+    def mean(self, running_mean: bool) -> float | None:
+        """``avg_over_time`` of the window when it is provably PromQL's float, else ``None``
+        (read the samples). ``running_mean``: Prometheus 2's incremental mean (exact here
+        only when every sample is the same integer); else Prometheus 3's ``sum / count``
+        (exact when every sample is an integer). Signed zeros are not distinguished."""
+        if self.n == 0 or self.nint != self.n:
+            return None
+        if self.vmin is not None and self.vmin == self.vmax:
+            return float(self.vmin)
+        if running_mean:
+            return None
+        return self.total / self.n
+
+
+def gauge_concat(a: GaugeWindow | None, b: GaugeWindow | None) -> GaugeWindow | None:
+    """The window of ``a``'s samples and ``b``'s together (order does not matter here)."""
+    if a is None or b is None:
+        return a if b is None else b
+    lows = [v for v in (a.vmin, b.vmin) if v is not None]
+    highs = [v for v in (a.vmax, b.vmax) if v is not None]
+    return GaugeWindow(
+        a.n + b.n, a.nint + b.nint, math.fsum((a.total, b.total)),
+        min(lows) if lows else None, max(highs) if highs else None,
+    )
+
+
+_GAUGE_EDGE = f"""SELECT series_id, {_GAUGE_AGG} FROM samples
+WHERE series_id IN ({_IDS}) AND ts >= {{lo}} AND ts < {{hi}} AND value IS NOT NULL
+GROUP BY 1"""
+_GAUGE_REGION = f"""
+{_GAUGE_EDGE.format(lo=":lo", hi=":m0")}
+UNION ALL
+{_GAUGE_EDGE.format(lo=":m1", hi=":hi")}
+UNION ALL
+SELECT series_id, n, nint, total, vmin, vmax FROM rollup_gauge
+WHERE series_id IN ({_IDS}) AND ((blk >= :b0 AND blk < :h0) OR (blk >= :h1 AND blk < :b1))
+UNION ALL
+SELECT series_id, n, nint, total, vmin, vmax FROM rollup_gauge_day
+WHERE series_id IN ({_IDS}) AND day >= :d0 AND day < :d1
+"""
+
+
+def gauge_region(
+    conn: sqlite3.Connection, ids: Sequence[int], p: Plan
+) -> dict[int, GaugeWindow]:
+    """Per gauge series id: the ``GaugeWindow`` of its samples in ``[p.start, p.hi)``, from the
+    gauge rollup and the edge samples (as ``region_windows`` for counters). Series without
+    samples there are absent."""
+    if not ids or p.hi <= p.start:
+        return {}
+    b0, b1 = p.m0 // BLOCK_MS, p.m1 // BLOCK_MS
+    d0, d1 = -(-b0 // BLOCKS_PER_DAY), b1 // BLOCKS_PER_DAY
+    if d1 <= d0:
+        d0 = d1 = 0
+        h0 = h1 = b1
+    else:
+        h0, h1 = d0 * BLOCKS_PER_DAY, d1 * BLOCKS_PER_DAY
+    params = {
+        "ids": json.dumps(list(ids)), "lo": p.start, "m0": p.m0, "m1": p.m1, "hi": p.hi,
+        "b0": b0, "b1": b1, "h0": h0, "h1": h1, "d0": d0, "d1": d1,
+    }
+    out: dict[int, GaugeWindow] = {}
+    for sid, n, nint, total, vmin, vmax in conn.execute(_GAUGE_REGION, params):
+        if not n:
+            continue
+        part = GaugeWindow(int(n), int(nint), float(total), vmin, vmax)
+        joined = gauge_concat(out.get(sid), part)
+        if joined is not None:
+            out[sid] = joined
+    return out
+
+
+def gauge_of_points(points: Iterable[tuple[int, object]]) -> GaugeWindow | None:
+    """The ``GaugeWindow`` of raw points ``(ts_ms, value)`` (``None`` is a staleness marker,
+    the TEXT ``'NaN'`` a NaN as stored); ``None`` when none is a sample."""
+    n = nint = 0
+    ints: list[float] = []
+    reals: list[float] = []
+    for _, v in points:
+        if v is None:
+            continue
+        n += 1
+        if type(v) is float or type(v) is int:
+            f = float(v)
+            if math.isfinite(f):
+                reals.append(f)
+                if f == int(f) and abs(f) <= 2**31:
+                    nint += 1
+                    ints.append(f)
+            elif not math.isnan(f):
+                reals.append(f)
+    if not n:
+        return None
+    return GaugeWindow(n, nint, math.fsum(ints), min(reals, default=None),
+                       max(reals, default=None))

@@ -19,13 +19,19 @@ Schema (version 2)::
     target_health(target TEXT PRIMARY KEY, pool, kind, url, up, last_scrape, duration,
                   samples, error)
     rollup(series_id, blk, n), rollup_day(series_id, day, n),
-    rollup_resets(series_id, ts, before)                         -- collector.rollup
+    rollup_resets(series_id, ts, before),                        -- collector.rollup
+    rollup_gauge(series_id, blk, n, nint, total, vmin, vmax), rollup_gauge_day(...)
 
 Version 2 added the rollup (``collector.rollup``): per counter-like series and hour (and
 day), the sample count, plus every counter reset, so that ``increase()`` over a long window
 is a few lookups (``counter_windows``). A version-1 store is migrated when opened for writing (the
 tables are created; the next ``compact()`` fills them, in bounded transactions); opened
 read-only it is used as is, without the rollup.
+
+Version 3 added the gauge rollup: per non-counter series and hour (and day), the sample count,
+the count and sum of its integer samples, min and max, so that ``avg_over_time(up[30d])``
+(availability) is exact from a few lookups (``gauge_windows``). A version-2 store is migrated
+when opened for writing and its rollup rebuilt by the next ``compact()``.
 
 Why a head table: ``samples`` is clustered by series, which makes reads and downsampling one
 seek per series, but a scrape then dirties one b-tree page *per series* (700 page writes per
@@ -54,7 +60,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from collector import rollup
-from collector.rollup import CounterWindow
+from collector.rollup import CounterWindow, GaugeWindow
 from vigil.clock import Clock, system_clock
 from vigil.conventions import EXPORTED_PREFIX
 from vigil.errors import StoreError
@@ -72,7 +78,7 @@ __all__ = [
 
 #: Bumped whenever the schema changes incompatibly; a store with a higher number is refused.
 #: 2: the rollup tables (``collector.rollup``); version-1 stores are migrated on open.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: ``PRAGMA application_id`` of a Vigil store ("Vigl"), so ``file(1)`` and we can tell.
 APPLICATION_ID = 0x5669_676C
 #: How long a connection waits for another process's write lock before giving up (ms).
@@ -139,6 +145,7 @@ _SCHEMA = (
         error TEXT NOT NULL
     )""",
     *rollup.SCHEMA,
+    *rollup.GAUGE_SCHEMA,
 )
 
 _INSERT_HEAD = "INSERT OR REPLACE INTO samples_head (series_id, ts, value) VALUES (?, ?, ?)"
@@ -355,6 +362,8 @@ class Store:
         self._tx_rollup_watermark: int | None = None
         #: False for a version-1 store opened read-only: no rollup tables to read.
         self._rollups = True
+        #: False for a version-2 store opened read-only: no gauge rollup (schema 3) to read.
+        self._gauge_rollups = True
         #: Samples this Store wrote to the head since it last moved it (the safety valve).
         self._head_rows = 0
         self._conn: sqlite3.Connection | None = None
@@ -425,11 +434,15 @@ class Store:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-        if self._check_version(conn) < 2:
-            if self.readonly:
-                self._rollups = False  # readable as is; the writer migrates it
+        version = self._check_version(conn)
+        if version < 3:
+            if self.readonly:  # readable as is; the writer migrates it
+                self._rollups = version >= 2
+                self._gauge_rollups = False
             else:
-                self._migrate_to_2(conn)
+                if version < 2:
+                    self._migrate_to_2(conn)
+                self._migrate_to_3(conn)
         if not self.readonly:
             conn.execute("PRAGMA journal_mode = WAL")
             # NORMAL in WAL: a commit is durable across application crashes; a power loss may
@@ -481,6 +494,27 @@ class Store:
             if isinstance(exc, sqlite3.Error):
                 raise StoreError(
                     f"{self.path}: cannot migrate the store from schema version 1 to 2: {exc}"
+                ) from None
+            raise
+
+    def _migrate_to_3(self, conn: sqlite3.Connection) -> None:
+        """Schema 2 -> 3: add the gauge rollup (``collector.rollup.GAUGE_SCHEMA``). Its tables
+        start empty, so the whole rollup is marked stale (D = 0): the next ``compact()``
+        rebuilds it, and until then readers use it only below that mark (nowhere)."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key = ?", (_K_VERSION,)).fetchone()
+            if int(row[0]) < 3:  # another process may have migrated while we waited
+                for ddl in rollup.GAUGE_SCHEMA:
+                    conn.execute(ddl)
+                rollup.note_dirty(conn, 0)
+                conn.execute("UPDATE meta SET value = '3' WHERE key = ?", (_K_VERSION,))
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(
+                    f"{self.path}: cannot migrate the store from schema version 2 to 3: {exc}"
                 ) from None
             raise
 
@@ -876,6 +910,57 @@ class Store:
                 out[key] = window
         return out
 
+    def gauge_windows(
+        self,
+        name: str,
+        matchers: Mapping[str, str] | None,
+        start_ms: int,
+        end_ms: int,
+    ) -> dict[SeriesKey, GaugeWindow] | None:
+        """What an exact ``avg_over_time`` may use of each matching gauge series' samples with
+        ``start_ms <= ts <= end_ms`` (Unix ms, inclusive): count, integer count and sum, min
+        and max (``collector.rollup.GaugeWindow``), from the gauge rollup below its limit and
+        raw samples above it, in one snapshot. Counter-like series and series without samples
+        in the range are left out. ``None`` when the store has no gauge rollup yet."""
+        if not self._gauge_rollups:
+            return None
+        with self._lock, self._snapshot():
+            try:
+                limit = rollup.fast_limit(self._meta())
+                if limit is None:
+                    return None
+                p = rollup.plan(int(start_ms), int(end_ms), limit)
+                selected = [
+                    (sid, key) for sid, key, t in self._select_series(name, matchers)
+                    if not counter_like(t, key.name)
+                ]
+                ids = [sid for sid, _ in selected]
+                region = rollup.gauge_region(self._c, ids, p)
+                tail: dict[int, list[tuple[int, object]]] = {}
+                if p.hi <= p.end and ids:
+                    rows = self._c.execute(
+                        _POINTS, {"ids": json.dumps(ids), "lo": p.hi, "hi": p.end}
+                    )
+                    # Of two rows with the same series and ts, the head's (src 1) wins.
+                    last: tuple[int, int] | None = None
+                    for sid, ts, v, src in rows:
+                        pts = tail.setdefault(sid, [])
+                        if last == (sid, ts):
+                            if not src:
+                                continue
+                            pts.pop()
+                        pts.append((ts, v))
+                        last = (sid, ts)
+            except sqlite3.Error as exc:
+                raise self._fail(f"read the gauge rollup of {name!r}", exc) from None
+        out: dict[SeriesKey, GaugeWindow] = {}
+        for sid, key in selected:
+            raw = rollup.gauge_of_points(tail.get(sid, ()))
+            window = rollup.gauge_concat(region.get(sid), raw)
+            if window is not None:
+                out[key] = window
+        return out
+
     def _row_windows(self, ids: list[int], lo: int, hi: int) -> dict[int, CounterWindow]:
         """``CounterWindow`` of the samples with ``lo <= ts <= hi`` of ``ids`` (both tables)."""
         if not ids or hi < lo:
@@ -1138,6 +1223,9 @@ class Store:
                 conn.execute("DELETE FROM rollup_day WHERE day < ?",
                              (-(-blk // rollup.BLOCKS_PER_DAY),))
                 conn.execute("DELETE FROM rollup_resets WHERE ts < ?", (start,))
+                conn.execute("DELETE FROM rollup_gauge WHERE blk < ?", (blk,))
+                conn.execute("DELETE FROM rollup_gauge_day WHERE day < ?",
+                             (-(-blk // rollup.BLOCKS_PER_DAY),))
             self._set_meta(rollup.K_REBUILD, str(start))
             conn.execute("DELETE FROM meta WHERE key = ?", (rollup.K_DIRTY,))
             # Series created after this transaction write below `w` only as a backfill (D).

@@ -162,13 +162,14 @@ def _histogram_anomalies(
 def _request_anomalies(
     log: RequestLog, config: Config, pool: PoolConfig, at_s: float, window_s: float
 ) -> list[dict[str, Any]]:
-    """Exact per-request anomalies from the gateway's log, per model."""
-    by_model: dict[str, list[Any]] = {}
+    """Exact per-request anomalies from the gateway's log, per model and endpoint (a chat
+    turn and a long completion have different normal sizes)."""
+    by_model: dict[tuple[str, str], list[Any]] = {}
     for r in log.records(pool.name, at_s, window_s):
-        by_model.setdefault(r.model, []).append(r)
+        by_model.setdefault((r.model, r.endpoint), []).append(r)
     multiplier = config.anomaly.token_multiplier
     out: list[dict[str, Any]] = []
-    for model, records in sorted(by_model.items()):
+    for (model, _endpoint), records in sorted(by_model.items()):
         mean = sum(r.prompt_tokens + r.generated_tokens for r in records) / len(records)
         threshold = multiplier * mean
         for r in records:
@@ -181,7 +182,11 @@ def _request_anomalies(
                     "window": format_duration(window_s),
                     "tokens": _TOKENS_BASIS,
                     "id": r.id,
+                    "ts": r.ts_s,
                     "endpoint": r.endpoint,
+                    "tenant": r.tenant or None,
+                    "tier": r.tier or None,
+                    "cost_usd": r.cost_usd,
                     "request_tokens": tokens,
                     "mean_tokens_per_request": mean,
                     "token_multiplier": multiplier,

@@ -56,8 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--prometheus", metavar="URL",
                         help="read from this Prometheus-compatible API instead of the store")
-    parser.add_argument("--promql-semantics", choices=("2", "3"),
-                        help="PromQL rules: 3 = Prometheus 3.x, 2 = 2.x (default: [engine])")
+    parser.add_argument("--promql-semantics", choices=("auto", "2", "3"),
+                        help="PromQL rules: 3 = Prometheus 3.x, 2 = 2.x, auto = the server's "
+                             "(3 for the store) (default: [engine] promql_semantics)")
 
 
 @contextlib.contextmanager
@@ -75,7 +76,13 @@ def open_source(config: Config, config_file: str, *, prometheus_url: str = "",
                 raise
             raise ConfigError("the Prometheus source (slo.prometheus) is not installed yet",
                               file=config_file, key="engine.prometheus_url") from None
-        source = PrometheusSource(url, semantics=sem, lookback_s=config.engine.lookback)
+        source = PrometheusSource(url, semantics="3" if sem == "auto" else sem,
+                                  lookback_s=config.engine.lookback)
+        if sem == "auto":
+            # Follow the server: its own PromQL rules decide what it answers.
+            detected = source.server_semantics()
+            if detected is not None:
+                source.semantics = detected
         try:
             yield source
         finally:
@@ -93,7 +100,14 @@ def open_source(config: Config, config_file: str, *, prometheus_url: str = "",
             f"no store at {path} yet: run `vigil collect --config {config_file}` first"
         )
     with Store(path, readonly=True) as store:
-        yield EmbeddedSource(store, semantics=sem, lookback_s=config.engine.lookback)
+        yield EmbeddedSource(store, semantics=embedded_semantics(sem),
+                             lookback_s=config.engine.lookback)
+
+
+def embedded_semantics(value: str) -> str:
+    """The rules the embedded engine follows for a configured ``promql_semantics``: "auto"
+    means Prometheus 3's (there is no server to follow)."""
+    return "3" if value == "auto" else value
 
 
 def run(args: argparse.Namespace, *, clock: Clock = system_clock,

@@ -17,18 +17,30 @@ all along (every configured target) counts its down time as ``up = 0``, but a ta
 first appears mid-window (service discovery) counts as if it had been there all window.
 
 Anything without data is ``None``, never 0 (e.g. ``per_1000_requests`` with no requests).
-Cost by priority tier and semantic-cache savings need the gateway's request log (a later
-issue): their keys are present and ``None`` until then. Units: USD, GPU-hours, seconds.
+
+With the gateway's request log (``slo.sli.RequestLog``) two more figures exist:
+
+* ``by_tier``: the pool's ``cost_usd`` split over the tiers (premium / standard / batch) in
+  proportion to the GPU time the gateway attributed to each tier's requests (``cost_usd`` of
+  each record: the replica's price per second × the request's latency ÷ the requests sharing
+  the replica meanwhile), so the tiers add up to the pool's cost, idle time included; falling
+  back to output tokens when no record carries a cost. Per tier: requests, output tokens,
+  cost, cost per 1000 requests.
+* ``cache_savings_usd``: what the semantic cache's hits would have cost on the GPUs (the
+  ``saved_usd`` of each hit: the cost of the request that filled the entry).
+
+Units: USD, GPU-hours, seconds.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from slo.aggregate import sum_by
 from slo.quantiles import finite_or_none
-from slo.sli import vllm_matchers
+from slo.sli import RequestLog, RequestRecord, vllm_matchers
 from slo.source import Source
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
@@ -40,7 +52,7 @@ from vigil.conventions import (
 )
 from vigil.durations import format_duration
 
-__all__ = ["gpu_hours", "idle_share", "pool_cost"]
+__all__ = ["gpu_hours", "idle_share", "pool_cost", "tier_costs"]
 
 _SECONDS_PER_HOUR = 3600.0
 
@@ -67,6 +79,44 @@ def idle_share(source: Source, pool: PoolConfig, at_s: float, window_s: float) -
     return sum(1 for v in values if v == 0) / len(values)
 
 
+def tier_costs(
+    records: Sequence[RequestRecord], cost_usd: float | None
+) -> tuple[dict[str, dict[str, float | None]] | None, float | None]:
+    """``(by_tier, cache_savings_usd)`` of one pool's records over the cost window (see the
+    module docstring); ``(None, None)`` without records."""
+    if not records:
+        return None, None
+    tiers: dict[str, dict[str, float]] = {}
+    for r in records:
+        t = tiers.setdefault(r.tier or "unknown",
+                             {"requests": 0.0, "output_tokens": 0.0, "weight": 0.0,
+                              "tokens_weight": 0.0, "cache_hits": 0.0})
+        t["requests"] += 1
+        t["output_tokens"] += r.generated_tokens
+        if r.cache_hit:
+            t["cache_hits"] += 1
+        elif r.cost_usd is not None and math.isfinite(r.cost_usd):
+            t["weight"] += r.cost_usd
+    by_weight = math.fsum(t["weight"] for t in tiers.values())
+    key = "weight" if by_weight > 0 else "output_tokens"
+    total = by_weight if by_weight > 0 else math.fsum(t["output_tokens"] for t in tiers.values())
+    out: dict[str, dict[str, float | None]] = {}
+    for name, t in sorted(tiers.items()):
+        share = t[key] / total if total > 0 else None
+        cost = None if share is None or cost_usd is None else cost_usd * share
+        out[name] = {
+            "requests": t["requests"],
+            "output_tokens": t["output_tokens"],
+            "cache_hits": t["cache_hits"],
+            "cost_share": share,
+            "cost_usd": cost,
+            "per_1000_requests": _per(cost, t["requests"], 1000.0),
+        }
+    saved = [r.saved_usd for r in records
+             if r.cache_hit and r.saved_usd is not None and math.isfinite(r.saved_usd)]
+    return out, (math.fsum(saved) if any(r.cache_hit for r in records) else None)
+
+
 def _per(cost: float | None, amount: float | None, unit: float) -> float | None:
     """``cost / amount × unit``, ``None`` when either is unknown or nothing was served."""
     if cost is None or amount is None or amount <= 0:
@@ -80,9 +130,12 @@ def pool_cost(
     pool: PoolConfig,
     at_s: float,
     window_s: float | None = None,
+    *,
+    request_log: RequestLog | None = None,
 ) -> dict[str, Any]:
     """The ``"cost"`` block of one pool in the status JSON, over ``window_s`` (default
-    ``[engine] cost_window``). USD, GPU-hours, requests, tokens; ``None`` = no data."""
+    ``[engine] cost_window``). USD, GPU-hours, requests, tokens; ``None`` = no data.
+    ``request_log``: the gateway's, for ``by_tier`` and ``cache_savings_usd``."""
     w = config.engine.cost_window if window_s is None else window_s
     price = config.prices[pool.gpu]  # parse_config guarantees a price for every pool's GPU
     hours = gpu_hours(source, pool, at_s, w)
@@ -99,6 +152,9 @@ def pool_cost(
             model = dict(labels).get(LABEL_MODEL_NAME)
             if model:
                 models.setdefault(model, {"requests": None, "output_tokens": None})[key] = value
+    by_tier, savings = (None, None)
+    if request_log is not None:
+        by_tier, savings = tier_costs(list(request_log.records(pool.name, at_s, w)), cost)
     return {
         "window": format_duration(w),
         "model": pool.model,
@@ -113,8 +169,8 @@ def pool_cost(
         "idle_share": idle,
         "idle_cost_usd": None if cost is None or idle is None else cost * idle,
         "models": dict(sorted(models.items())),
-        # From the gateway's request log (a later issue): GPU cost split by priority tier
-        # (premium / standard / batch) and what semantic-cache hits saved. Null until then.
-        "by_tier": None,
-        "cache_savings_usd": None,
+        # From the gateway's request log: GPU cost split by priority tier and what
+        # semantic-cache hits saved (null without gateway records).
+        "by_tier": by_tier,
+        "cache_savings_usd": savings,
     }

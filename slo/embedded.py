@@ -22,6 +22,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from collector.store import counter_like
+
 # kahanSumInc as 3.x has it (compensation reset on ±Inf); shared with sum_by on purpose.
 from slo.aggregate import _kahan_inc, instant_vector, sum_by
 from slo.lookup import (
@@ -288,7 +290,30 @@ class EmbeddedSource:
         """``avg_over_time(metric{matchers}[window])`` per series (same window edges as
         ``select_range``; stale markers skipped; a series with no sample is absent)."""
         out: dict[Labels, float] = {}
+        slow: set[Labels] | None = None
+        if self.use_rollup:
+            # The store's gauge rollup gives the mean exactly when every sample is an integer
+            # (3.x) or all are equal (2.x) — always so for `up`; other series read samples.
+            at_ms = eval_time_ms(at_s)
+            mint = at_ms - duration_ms(window_s)
+            first_ms = mint if self.semantics is Semantics.V2 else mint + 1
+            windows = self.store.gauge_windows(metric, matchers, first_ms, at_ms)
+            if windows is not None:
+                slow = set()
+                running = self.semantics is Semantics.V2
+                for key, w in windows.items():
+                    mean = w.mean(running)
+                    if mean is None:
+                        slow.add(key.labels)
+                    else:
+                        out[key.labels] = mean
+                if not slow and not any(
+                    counter_like(t, k.name) for k, t in self.store.series(metric, matchers)
+                ):
+                    return out
         for labels, window in self._windows(metric, matchers, at_s, window_s):
+            if slow is not None and labels in out:
+                continue
             value = avg_over_time_value(window.values.tolist(), self.semantics)
             if value is not None:
                 out[labels] = value

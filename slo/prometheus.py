@@ -63,7 +63,7 @@ from slo.lookup import Semantics, SemanticsLike, duration_ms, eval_time_ms, sema
 from slo.quantile import Bucket
 from slo.source import Matchers
 from vigil.conventions import LABEL_LE, SOURCE_PROMETHEUS, SUFFIX_BUCKET
-from vigil.errors import VigilError
+from vigil.errors import SourceError
 from vigil.model import Labels, Point, labels_of
 
 __all__ = [
@@ -89,20 +89,6 @@ _KEYWORDS = frozenset({
 })
 #: The ``error`` of Prometheus's JSON error body, as prometheus_api_client embeds it.
 _STATUS_RE = re.compile(r"HTTP Status Code (\d+) \((b(['\"]).*\3)\)", re.DOTALL)
-
-
-class SourceError(VigilError):
-    """A query to the Prometheus-compatible server failed (unreachable, timed out, refused).
-
-    ``url`` is the server, ``query`` the PromQL expression; the message says both and why.
-    """
-
-    def __init__(self, message: str, *, url: str, query: str | None = None):
-        self.url = url
-        self.query = query
-        self.reason = message
-        where = f"{url}: query {query!r}" if query is not None else url
-        super().__init__(f"Prometheus at {where}: {message}")
 
 
 # --- PromQL text -------------------------------------------------------------------------------
@@ -208,6 +194,7 @@ class PrometheusSource:
         session = requests.Session()
         # Like the collector's scraper: no proxy (or CA bundle) from the environment.
         session.trust_env = False
+        self._session = session
         self._client = PrometheusConnect(
             url=self.url,
             session=session,
@@ -217,6 +204,23 @@ class PrometheusSource:
             # urllib3 re-raises a read timeout as such (not as "max retries exceeded").
             retry=Retry(total=0, read=False, raise_on_status=False),
         )
+
+    def server_semantics(self) -> Semantics | None:
+        """The PromQL rules the server itself follows, from its major version
+        (``/api/v1/status/buildinfo``): 2.x -> ``"2"``, 3.x and later -> ``"3"``. ``None``
+        when it does not say (Thanos, Mimir and VictoriaMetrics may not serve the endpoint)."""
+        try:
+            response = self._session.get(
+                f"{self.url}/api/v1/status/buildinfo", timeout=self.timeout_s
+            )
+            response.raise_for_status()
+            version = str(response.json()["data"]["version"])
+        except (requests.RequestException, ValueError, KeyError, TypeError):
+            return None
+        major = version.lstrip("v").split(".", 1)[0]
+        if not major.isdigit() or int(major) < 2:
+            return None
+        return semantics_of("2" if int(major) == 2 else "3")
 
     def __repr__(self) -> str:
         return (f"PrometheusSource({self.url!r}, semantics={self.semantics.value!r}, "

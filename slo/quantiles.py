@@ -28,7 +28,7 @@ from typing import Any
 
 from slo.lookup import SemanticsLike
 from slo.quantile import Bucket, histogram_quantile
-from slo.sli import vllm_matchers
+from slo.sli import RequestLog, RequestRecord, vllm_matchers
 from slo.source import Source
 from vigil.conventions import (
     LABEL_MODEL_NAME,
@@ -46,12 +46,15 @@ from vigil.model import Labels
 
 __all__ = [
     "LATENCY_HISTOGRAMS",
+    "NORMALISED_OUTPUT_TOKENS",
     "QUANTILES",
     "TOKEN_HISTOGRAMS",
     "TOKEN_QUANTILE",
     "finite_or_none",
     "model_quantiles",
+    "normalised_e2e",
     "quantile_key",
+    "sample_quantile",
 ]
 
 #: The quantiles reported for every latency histogram (ratios 0-1).
@@ -106,6 +109,39 @@ def _quantiles(
     }
 
 
+#: The seed's SLO is "e2e latency for a 512-token generation": the gateway's records give each
+#: request's latency as if it had generated this many tokens.
+NORMALISED_OUTPUT_TOKENS = 512
+
+
+def sample_quantile(q: float, values: Iterable[float]) -> float | None:
+    """PromQL's ``quantile`` aggregation of plain values (promql/quantile.go ``quantile``):
+    rank ``q·(n-1)``, linear interpolation between the neighbours; ``q`` outside [0, 1] gives
+    ∓Inf as in PromQL. ``None`` for no values."""
+    ordered = sorted(v for v in values if not math.isnan(v))
+    if not ordered:
+        return None
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    rank = q * (len(ordered) - 1)
+    lower = max(0, math.floor(rank))
+    upper = min(len(ordered) - 1, lower + 1)
+    weight = rank - math.floor(rank)
+    return ordered[lower] * (1 - weight) + ordered[upper] * weight
+
+
+def normalised_e2e(r: RequestRecord, tokens: int = NORMALISED_OUTPUT_TOKENS) -> float | None:
+    """The request's end-to-end latency (seconds) scaled to ``tokens`` output tokens: its time
+    to first token plus its decode time per token × (``tokens`` - 1). ``None`` without a first
+    token, an e2e, or at least two generated tokens (no decode rate to scale)."""
+    if r.ttft_s is None or r.e2e_s is None or r.generated_tokens < 2 or r.error:
+        return None
+    per_token = (r.e2e_s - r.ttft_s) / (r.generated_tokens - 1)
+    return r.ttft_s + per_token * (tokens - 1)
+
+
 def model_quantiles(
     source: Source,
     pool: str,
@@ -113,11 +149,14 @@ def model_quantiles(
     window_s: float,
     *,
     models: Iterable[str] = (),
+    request_log: RequestLog | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Per model of ``pool``: ``{"quantiles": {...}, "tokens_per_request": {...}}``.
 
     The models are those with data in the window plus ``models`` (e.g. the pool's configured
-    model, which then appears with ``None`` values when idle), sorted by name.
+    model, which then appears with ``None`` values when idle), sorted by name. With the
+    gateway's ``request_log``, ``quantiles`` also has ``e2e_seconds_per_512_tokens``: the
+    quantiles of each request's e2e scaled to 512 output tokens (``normalised_e2e``).
     """
     matchers = vllm_matchers(pool)
     by = (LABEL_MODEL_NAME,)
@@ -142,12 +181,24 @@ def model_quantiles(
         for per_model in table.values():
             names.update(per_model)
 
+    normalised: dict[str, list[float]] = {}
+    if request_log is not None:
+        for r in request_log.records(pool, at_s, window_s):
+            v = normalised_e2e(r)
+            if v is not None:
+                normalised.setdefault(r.model, []).append(v)
+
     sem = source.semantics
     out: dict[str, dict[str, Any]] = {}
     for model in sorted(names):
         quantiles: dict[str, Any] = {"window": format_duration(window_s)}
         for key in LATENCY_HISTOGRAMS:
             quantiles[key] = _quantiles(latency[key].get(model), QUANTILES, sem)
+        if request_log is not None:
+            values = normalised.get(model, [])
+            quantiles["e2e_seconds_per_512_tokens"] = {
+                quantile_key(q): sample_quantile(q, values) for q in QUANTILES
+            }
         tokens: dict[str, Any] = {}
         for key in TOKEN_HISTOGRAMS:
             total = token_sums[key].get(model)

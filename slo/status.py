@@ -122,7 +122,8 @@ def _per_instance(
 
 
 def pool_status(
-    config: Config, source: Source, pool: PoolConfig, at_s: float, window_s: float
+    config: Config, source: Source, pool: PoolConfig, at_s: float, window_s: float,
+    *, request_log: RequestLog | None = None,
 ) -> dict[str, Any]:
     """One pool's block: models (quantiles, tokens), KV cache, queue, cost, scaling."""
     m = vllm_matchers(pool.name)
@@ -132,13 +133,14 @@ def pool_status(
     waiting = source.instant(VLLM_REQUESTS_WAITING, m, at_s)
     up = source.instant(SERIES_UP, m, at_s)
     return {
-        "models": model_quantiles(source, pool.name, at_s, window_s, models=models),
+        "models": model_quantiles(source, pool.name, at_s, window_s, models=models,
+                                  request_log=request_log),
         # avg/max over the pool's replicas of their latest value (ratio 0-1)
         "kv_cache_usage": {"avg": avg_aggregate(kv, sem), "max": _max(kv)},
         # sum(vllm:num_requests_waiting{pool}): requests waiting, deferred ones included
         "queue_length": sum_by(waiting, (), sem).get(()),
         "replicas_up": sum(1 for v in up.values() if v == 1) if up else None,
-        "cost": pool_cost(source, config, pool, at_s),
+        "cost": pool_cost(source, config, pool, at_s, request_log=request_log),
         "scaling": _scaling(source, config, pool, at_s),
     }
 
@@ -164,7 +166,8 @@ def evaluate(
         raise ValueError(f"the window must be a positive number of seconds, not {window_s!r}")
     at_s = float(at_s)
     alerts = config.engine.burn_rate_alerts
-    pools = {p.name: pool_status(config, source, p, at_s, w) for p in config.pools}
+    pools = {p.name: pool_status(config, source, p, at_s, w, request_log=request_log)
+             for p in config.pools}
     slos = [
         evaluate_slo(
             spec, source, at_s, alerts, current_window_s=w, request_log=request_log

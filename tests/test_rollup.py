@@ -234,12 +234,13 @@ def test_rollup_rows_count_samples_per_hour_and_keep_every_drop(path: Path) -> N
         (k, "counter", T0 + H, 2.0),             # drop across the boundary
         (k, "counter", T0 + 3 * H + 5, math.nan),
         (k, "counter", T0 + 3 * H + 6, 1.0),     # after NaN: not a drop
-        (key("g", instance="a"), "gauge", T0 + 10, 1.0),  # not counter-like: no rollup
+        (key("g", instance="a"), "gauge", T0 + 10, 1.0),  # not counter-like: a gauge row
     ]
     with Store(path) as s:
         s.write(rows)
         report = s.compact(now=(T0 + 5 * H) / 1000)
-        assert report.rollup_blocks == 3  # and the hours 4 and 5 are empty
+        # the counter's hours 0, 1, 3 (4 and 5 are empty) and the gauge's hour 0
+        assert report.rollup_blocks == 4
         blocks = s._c.execute("SELECT blk, n FROM rollup ORDER BY blk").fetchall()
         assert blocks == [(T0 // H, 3), (T0 // H + 1, 1), (T0 // H + 3, 2)]
         resets = s._c.execute("SELECT ts, before FROM rollup_resets ORDER BY ts").fetchall()
@@ -381,7 +382,18 @@ def test_an_interrupted_rebuild_resumes(path: Path) -> None:
 
 
 # --- schema ---------------------------------------------------------------------------------
+def downgrade_to_v2(path: Path) -> None:
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("DROP TRIGGER rollup_counter_off")
+        conn.execute("DROP TABLE rollup_gauge")
+        conn.execute("DROP TABLE rollup_gauge_day")
+        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    conn.close()
+
+
 def downgrade_to_v1(path: Path) -> None:
+    downgrade_to_v2(path)
     conn = sqlite3.connect(path)
     with conn:
         conn.execute("DROP TRIGGER rollup_counter_on")
@@ -394,7 +406,7 @@ def downgrade_to_v1(path: Path) -> None:
 
 
 def test_a_version_1_store_is_migrated_and_its_rollup_built_by_compaction(path: Path) -> None:
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
     rows = fleet_rows(16, days=2)
     end = max(t for _, _, t, _ in rows)
     with big_store(path) as s:
@@ -406,7 +418,7 @@ def test_a_version_1_store_is_migrated_and_its_rollup_built_by_compaction(path: 
         assert ro.counter_windows("x_total", {}, T0, end) is None
         assert_same(ro, "3", times[:5])
     with big_store(path) as s:
-        assert s._meta()["schema_version"] == "2"
+        assert s._meta()["schema_version"] == "3"
         assert s.counter_windows("x_total", {}, T0, end) is None  # not built yet
         s.compact(now=end / 1000)
         assert_consistent(s)
@@ -450,3 +462,188 @@ def test_any_series_any_window(data: tuple[list[tuple[int, float | None]], list[
             fast, raw = sources(s, sem)
             assert bits(fast.increase("x_total", {}, at_ms / 1000, w_ms / 1000)) == bits(
                 raw.increase("x_total", {}, at_ms / 1000, w_ms / 1000)), (at_ms, w_ms, sem)
+
+
+# --- gauges: avg_over_time from the gauge rollup (schema 3) -----------------------------------
+def up_rows(rng: random.Random, instance: str, start: int, end: int,
+            step_ms: int = 60_000) -> list[Row]:
+    """``up`` of a flaky target: 1, runs of 0, staleness markers, gaps of whole hours."""
+    k = key("up", instance=instance)
+    rows: list[Row] = []
+    t, v = start + rng.randint(0, step_ms - 1), 1.0
+    while t < end:
+        r = rng.random()
+        if r < 0.01:
+            v = 1.0 - v  # goes down / comes back
+        elif r < 0.015:
+            rows.append((k, "gauge", t, None))
+            t += step_ms
+            continue
+        elif r < 0.017:
+            t += rng.randint(1, 3) * H
+        rows.append((k, "gauge", t, v))
+        t += step_ms + rng.randint(-step_ms // 8, step_ms // 8)
+    return rows
+
+
+def gauge_fleet(seed: int, start: int = T0, days: float = 2) -> list[Row]:
+    rng = random.Random(seed)
+    end = start + int(days * DAY)
+    rows: list[Row] = []
+    for i in range(3):
+        rows += up_rows(rng, f"i{i}", start, end)
+    # Always up: the 2.x running mean is exact too (every sample equal).
+    rows += [(key("up", instance="steady"), "gauge", t, 1.0)
+             for t in range(start + 7, end, 60_000)]
+    # Not integers: the rollup cannot prove the mean, the samples are read.
+    rows += [(key("up", instance="frac"), "gauge", t, 0.1 * (t // 60_000 % 7))
+             for t in range(start + 11, end, 60_000)]
+    # A NaN and an Inf in otherwise integer series.
+    rows += [(key("up", instance="nan"), "gauge", t, math.nan if t == start + 13 + 60 * 60_000
+              else 1.0) for t in range(start + 13, end, 60_000)]
+    rows += [(key("up", instance="inf"), "gauge", start + 5 * H + 1, math.inf),
+             (key("up", instance="inf"), "gauge", start + 5 * H + 60_001, 0.0)]
+    return rows
+
+
+def assert_same_avg(store: Store, sem: str, times: list[float],
+                    windows: tuple[float, ...] = WINDOWS) -> None:
+    fast, raw = sources(store, sem)
+    for at in times:
+        for w in windows:
+            got = fast.avg_over_time("up", {}, at, w)
+            want = raw.avg_over_time("up", {}, at, w)
+            assert bits(got) == bits(want), (sem, at, w)
+
+
+def assert_gauges_consistent(store: Store) -> None:
+    """The gauge rows below the limit equal ones computed from scratch from the samples."""
+    limit = rollup.fast_limit(store._meta())
+    assert limit is not None
+    whole = limit // H
+    want: dict[tuple[int, int], rollup.GaugeWindow] = {}
+    rows: dict[tuple[int, int], list[tuple[int, object]]] = {}
+    for sid, ts, v in store._c.execute(
+        "SELECT s.series_id, s.ts, s.value FROM samples AS s JOIN series AS c ON c.id = "
+        "s.series_id WHERE NOT c.counter AND s.ts >= 0 AND s.ts < ? ORDER BY 1, 2",
+            (whole * H,)):
+        rows.setdefault((sid, ts // H), []).append((ts, v))
+    for k, pts in rows.items():
+        g = rollup.gauge_of_points(pts)
+        if g is not None:
+            want[k] = g
+    got = {(sid, b): rollup.GaugeWindow(n, nint, total, vmin, vmax)
+           for sid, b, n, nint, total, vmin, vmax in store._c.execute(
+               "SELECT series_id, blk, n, nint, total, vmin, vmax FROM rollup_gauge "
+               "WHERE blk < ?", (whole,))}
+    assert got == want
+
+
+@pytest.mark.parametrize("sem", ["2", "3"])
+def test_avg_over_time_from_the_gauge_rollup_equals_the_raw_samples(path: Path, sem: str) -> None:
+    rows = gauge_fleet(21, days=2)
+    end = max(t for _, _, t, _ in rows)
+    with big_store(path) as s:
+        s.write(rows[: len(rows) * 2 // 3])
+        s.compact(now=end / 1000 - 6 * 3600)
+        s.write(rows[len(rows) * 2 // 3:])  # some of it only in the head
+        assert_gauges_consistent(s)
+        assert_same_avg(s, sem, instants(22, T0, end, n=9))
+        # The rollup answered: integer series have a provable mean over a long window.
+        windows = s.gauge_windows("up", {}, T0, end)
+        assert windows is not None
+        means = {k.labels: w.mean(sem == "2") for k, w in windows.items()}
+        steady = labels_of({"instance": "steady"})
+        assert means[steady] == 1.0
+        assert means[labels_of({"instance": "frac"})] is None
+        assert means[labels_of({"instance": "nan"})] is None
+        assert means[labels_of({"instance": "inf"})] is None
+        flaky = means[labels_of({"instance": "i0"})]
+        assert (flaky is None) if sem == "2" else (flaky is not None and 0 < flaky < 1)
+
+
+def test_a_gauge_rollup_is_read_instead_of_the_samples(path: Path, monkeypatch) -> None:
+    rows = gauge_fleet(23, days=3)
+    end = max(t for _, _, t, _ in rows)
+    with big_store(path) as s:
+        s.write(rows)
+        s.compact(now=end / 1000)
+        fast, raw = sources(s, "3")
+        want = raw.avg_over_time("up", {"instance": "i1"}, end / 1000, 2 * 86400)
+        read: list[tuple[int, int]] = []
+        points = Store.points
+
+        def spy(self, name, matchers=None, start_ms=None, end_ms=None):  # type: ignore[no-untyped-def]
+            read.append((start_ms, end_ms))
+            return points(self, name, matchers, start_ms, end_ms)
+
+        monkeypatch.setattr(Store, "points", spy)
+        assert bits(fast.avg_over_time("up", {"instance": "i1"}, end / 1000, 2 * 86400)) == (
+            bits(want))
+        assert read == []  # no sample read through points(): all from the rollup
+
+
+def test_a_version_2_store_gets_its_gauge_rollup_after_migration(path: Path) -> None:
+    rows = gauge_fleet(24, days=2)
+    end = max(t for _, _, t, _ in rows)
+    with big_store(path) as s:
+        s.write(rows)
+        s.compact(now=end / 1000)
+    downgrade_to_v2(path)
+    times = instants(25, T0, end, n=6)
+    with Store.open_readonly(path) as ro:  # read as is: samples
+        assert ro.gauge_windows("up", {}, T0, end) is None
+        assert_same_avg(ro, "3", times[:4])
+    with big_store(path) as s:
+        assert s._meta()["schema_version"] == "3"
+        # empty and marked stale: read raw until compaction rebuilds it
+        assert s._c.execute("SELECT COUNT(*) FROM rollup_gauge").fetchone() == (0,)
+        assert rollup.fast_limit(s._meta()) == 0
+        before = s.gauge_windows("up", {}, T0, end)
+        assert_same_avg(s, "3", times[:2])
+        s.compact(now=end / 1000)
+        assert s._c.execute("SELECT COUNT(*) FROM rollup_gauge").fetchone()[0] > 100
+        assert_gauges_consistent(s)
+        assert_same_avg(s, "3", times)
+        assert s.gauge_windows("up", {}, T0, end) == before
+
+
+GAUGE_VALUES = st.one_of(
+    st.sampled_from([0.0, 1.0, 2.0, -3.0, 2.0**31, 2.0**31 + 1, math.nan, math.inf, None]),
+    st.floats(min_value=-10, max_value=10, allow_nan=False),
+)
+
+
+@st.composite
+def gauge_and_windows(draw: st.DrawFn) -> tuple[list[tuple[int, float | None]], list[tuple]]:
+    n = draw(st.integers(2, 60))
+    gaps = draw(st.lists(st.integers(1, 2 * H), min_size=n, max_size=n))
+    ts, t = [], T0 + draw(st.integers(0, H))
+    for g in gaps:
+        ts.append(t)
+        t += g
+    values = draw(st.lists(GAUGE_VALUES, min_size=n, max_size=n))
+    queries = draw(st.lists(
+        st.tuples(st.integers(T0, t + H), st.integers(1, 12 * H), st.sampled_from(["2", "3"])),
+        min_size=1, max_size=12))
+    return list(zip(ts, values, strict=True)), queries
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(gauge_and_windows(), st.integers(0, 2))
+def test_any_gauge_any_window(
+    data: tuple[list[tuple[int, float | None]], list[tuple]], cut: int
+) -> None:
+    points, queries = data
+    k = key("up", instance="p")
+    with tempfile.TemporaryDirectory() as d, big_store(Path(d) / "v.db") as s:
+        s.write([(k, "gauge", t, v) for t, v in points])
+        # compacted at the end, in the middle, or not at all (all raw)
+        if cut < 2:
+            at = points[-1][0] + H if cut == 0 else points[len(points) // 2][0]
+            s.compact(now=at / 1000)
+            assert_gauges_consistent(s)
+        for at_ms, w_ms, sem in queries:
+            fast, raw = sources(s, sem)
+            assert bits(fast.avg_over_time("up", {}, at_ms / 1000, w_ms / 1000)) == bits(
+                raw.avg_over_time("up", {}, at_ms / 1000, w_ms / 1000)), (at_ms, w_ms, sem)

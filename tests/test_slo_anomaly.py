@@ -93,12 +93,18 @@ class _Log:
     def records(self, pool: str, at_s: float, window_s: float) -> list[RequestRecord]:
         normal = [RequestRecord(f"r{i}", at_s - i, pool, MODEL, "chat", 100, 50)
                   for i in range(30)]
-        return [*normal, RequestRecord("big", at_s - 1, pool, MODEL, "completions", 40_000, 10)]
+        # Long completions: 20x a chat turn, but normal for their endpoint.
+        long = [RequestRecord(f"c{i}", at_s - i, pool, MODEL, "completions", 1000, 2000)
+                for i in range(5)]
+        big = RequestRecord("big", at_s - 1, pool, MODEL, "chat", 40_000, 10, tier="batch",
+                            tenant="acme", cost_usd=0.02)
+        return [*normal, *long, big]
 
 
 def test_with_a_request_log_each_anomalous_request_is_reported(store: Store) -> None:
     (a,) = pool_anomalies(EmbeddedSource(store), CONFIG, POOL, AT, request_log=_Log())
-    mean = (30 * 150 + 40_010) / 31
+    mean = (30 * 150 + 40_010) / 31  # of its model and endpoint (chat)
     assert a["kind"] == "request"
-    assert (a["id"], a["endpoint"], a["request_tokens"]) == ("big", "completions", 40_010)
+    assert (a["id"], a["endpoint"], a["request_tokens"]) == ("big", "chat", 40_010)
+    assert (a["tier"], a["tenant"], a["cost_usd"], a["ts"]) == ("batch", "acme", 0.02, AT - 1)
     assert a["threshold_tokens"] == pytest.approx(10 * mean)

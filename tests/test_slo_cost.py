@@ -8,8 +8,9 @@ import pytest
 from test_slo_fleet import AT, MODEL, OTHER_MODEL, Fleet, vllm_labels
 
 from collector.store import Store
-from slo.cost import pool_cost
+from slo.cost import pool_cost, tier_costs
 from slo.embedded import EmbeddedSource
+from slo.sli import RequestRecord
 from vigil.config import parse_config
 
 CONFIG = parse_config({
@@ -100,3 +101,39 @@ def test_cost_window_can_be_overridden(store: Store) -> None:
     assert cost["window"] == "15m"
     assert cost["gpu_hours"] == pytest.approx(0.5)
     assert cost["idle_share"] == 1.0
+
+
+class _Log:
+    """Gateway records: premium took 3 of 4 GPU-cost units, batch 1; one cache hit."""
+
+    def records(self, pool: str, at_s: float, window_s: float) -> list[RequestRecord]:
+        def rec(i: int, tier: str, cost: float | None, **kw: object) -> RequestRecord:
+            return RequestRecord(f"r{i}", at_s - i, pool, MODEL, "chat", 100, 50, 0.1, 1.0,
+                                 tier=tier, tenant="t", cost_usd=cost, **kw)  # type: ignore[arg-type]
+
+        return [rec(0, "premium", 0.02), rec(1, "premium", 0.01), rec(2, "batch", 0.01),
+                rec(3, "premium", 0.0, cache_hit="l2", saved_usd=0.015)]
+
+
+def test_with_gateway_records_the_cost_splits_by_tier_and_counts_cache_savings(
+    store: Store,
+) -> None:
+    _fleet(store)
+    cost = pool_cost(EmbeddedSource(store), CONFIG, POOL, AT, request_log=_Log())
+    premium, batch = cost["by_tier"]["premium"], cost["by_tier"]["batch"]
+    assert premium["cost_share"] == pytest.approx(0.75)
+    assert premium["cost_usd"] == pytest.approx(20.64 * 0.75)  # tiers add up to the pool
+    assert batch["cost_usd"] == pytest.approx(20.64 * 0.25)
+    assert premium["requests"] == 3 and premium["cache_hits"] == 1
+    assert premium["per_1000_requests"] == pytest.approx(20.64 * 0.75 / 3 * 1000)
+    assert cost["cache_savings_usd"] == pytest.approx(0.015)
+
+
+def test_tier_costs_fall_back_to_output_tokens_without_gateway_costs() -> None:
+    recs = [RequestRecord("a", 0, "chat", MODEL, "chat", 10, 30, tier="premium"),
+            RequestRecord("b", 0, "chat", MODEL, "chat", 10, 10, tier="standard")]
+    by_tier, savings = tier_costs(recs, 8.0)
+    assert by_tier is not None and savings is None
+    assert by_tier["premium"]["cost_usd"] == pytest.approx(6.0)
+    assert by_tier["standard"]["cost_usd"] == pytest.approx(2.0)
+    assert tier_costs([], 8.0) == (None, None)

@@ -385,6 +385,24 @@ def test_a_wrong_path_and_a_bad_query_carry_the_servers_message(prom: Prometheus
         assert err.value.query == "sum(rate(up[5m])"
 
 
+def test_auto_semantics_follow_the_servers_major_version(
+    prom: PrometheusServer, tmp_path: Path
+) -> None:
+    with PrometheusSource(prom.base_url) as source:
+        assert source.server_semantics() is not None
+        assert source.server_semantics().value == "2"  # Debian's Prometheus is 2.x
+    with PrometheusSource(prom.base_url + "/not/prometheus") as wrong:
+        assert wrong.server_semantics() is None  # says nothing: the configured rules stay
+    # `vigil slo status` with the default "auto" reports the server's rules, the store 3's.
+    config = tmp_path / "auto.toml"
+    config.write_text(_toml_config(tmp_path).read_text().replace(
+        'promql_semantics = "2"', 'promql_semantics = "auto"'))
+    out = io.StringIO()
+    run(_cli_args("--config", str(config), "--at", str(TIMES[-1]), "--json",
+                  "--prometheus", prom.base_url), out=out)
+    assert json.loads(out.getvalue())["promql_semantics"] == "2"
+
+
 @pytest.fixture
 def fake_server() -> Iterator[tuple[str, dict[str, Any]]]:
     """A server answering every GET as ``state`` says: ``(status, content type, body)`` after

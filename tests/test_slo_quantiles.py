@@ -19,7 +19,8 @@ from test_slo_fleet import (
 
 from collector.store import Store
 from slo.embedded import EmbeddedSource
-from slo.quantiles import model_quantiles, quantile_key
+from slo.quantiles import model_quantiles, normalised_e2e, quantile_key, sample_quantile
+from slo.sli import RequestRecord
 
 TTFT = "vllm:time_to_first_token_seconds"
 
@@ -106,3 +107,39 @@ def test_an_idle_window_gives_null_not_zero(store: Store) -> None:
 def test_other_pools_are_not_mixed_in(store: Store) -> None:
     _two_models(store)
     assert model_quantiles(EmbeddedSource(store), "batch", AT, 300) == {}
+
+
+def test_sample_quantile_is_promqls_quantile_aggregation() -> None:
+    # quantile(0.5, ...) of 1, 2, 3, 4: rank 1.5 -> 2.5; of one value: that value
+    assert sample_quantile(0.5, [4.0, 1.0, 3.0, 2.0]) == 2.5
+    assert sample_quantile(0.95, [1.0, 2.0, 3.0, 4.0]) == pytest.approx(3.85)
+    assert sample_quantile(0.99, [7.0]) == 7.0
+    assert sample_quantile(0.5, []) is None
+    assert sample_quantile(-0.1, [1.0]) == float("-inf")
+    assert sample_quantile(1.1, [1.0]) == float("inf")
+
+
+def test_e2e_normalised_to_512_tokens_from_gateway_records(store: Store) -> None:
+    _two_models(store)
+
+    class Log:
+        def records(self, pool: str, at_s: float, window_s: float) -> list[RequestRecord]:
+            return [
+                # ttft 0.2 s, then 100 tokens in 1.98 s (0.02 s each) -> 0.2 + 511 × 0.02
+                RequestRecord("a", at_s, pool, MODEL, "chat", 10, 100, 0.2, 2.18),
+                # 1000 tokens in 0.5 + 999 × 0.01 -> 0.5 + 511 × 0.01
+                RequestRecord("b", at_s, pool, MODEL, "chat", 10, 1000, 0.5, 10.49),
+                RequestRecord("c", at_s, pool, MODEL, "chat", 10, 1, 0.3, 0.3),  # no rate
+                RequestRecord("d", at_s, pool, MODEL, "chat", 10, 50, None, 1.0),  # no ttft
+            ]
+
+    got = model_quantiles(EmbeddedSource(store), "chat", AT, 300, request_log=Log())
+    q = got[MODEL]["quantiles"]["e2e_seconds_per_512_tokens"]
+    a, b = 0.2 + 511 * 0.02, 0.5 + 511 * 0.01
+    assert q["p50"] == pytest.approx((a + b) / 2)
+    assert q["p99"] == pytest.approx(a + 0.99 * (b - a) if b > a else b + 0.99 * (a - b))
+    assert normalised_e2e(RequestRecord("x", 0, "p", MODEL, "chat", 1, 2, 0.1, 0.3,
+                                        error=True)) is None
+    # without a log the key is absent (the histograms cannot normalise)
+    assert "e2e_seconds_per_512_tokens" not in model_quantiles(
+        EmbeddedSource(store), "chat", AT, 300)[MODEL]["quantiles"]

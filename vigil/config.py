@@ -285,8 +285,9 @@ def _default_burn_rate_alerts() -> list[BurnRateAlert]:
 class EngineConfig(_Section):
     """The SLO engine: where it reads, which PromQL rules it follows, its default windows."""
 
-    #: "3" (Prometheus 3.x rules, the default) or "2" (2.x: left-closed ranges, ...).
-    promql_semantics: Literal["2", "3"] = "3"
+    #: "3" (Prometheus 3.x rules) or "2" (2.x: left-closed ranges, ...); "auto" (default):
+    #: the server's own major version when reading from Prometheus, else "3".
+    promql_semantics: Literal["auto", "2", "3"] = "auto"
     #: Read from this Prometheus-compatible API instead of the embedded store ("" = store).
     prometheus_url: str = ""
     #: Instant-vector lookback (Prometheus's --query.lookback-delta), seconds.

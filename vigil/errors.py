@@ -7,10 +7,15 @@ specific leaf; the CLI turns any ``VigilError`` into a one-line message and an e
 from __future__ import annotations
 
 __all__ = [
+    "BatchInputError",
     "ConfigError",
+    "EmbeddingError",
+    "GatewayError",
     "IngestError",
+    "LaunchError",
     "ParseError",
     "ScrapeError",
+    "SourceError",
     "StoreError",
     "VigilError",
 ]
@@ -75,3 +80,75 @@ class IngestError(VigilError):
 
 class StoreError(VigilError):
     """The sample store could not be opened or written."""
+
+
+class GatewayError(VigilError):
+    """A request the gateway refuses or cannot serve, answered as an OpenAI-style error body.
+
+    ``status`` is the HTTP status; ``type``, ``code`` and ``param`` fill the body's ``error``
+    object; ``error_class`` is what the request's record says (``bad_request``, ``rejected``,
+    ``over_cap``, ``timeout``, ...); ``retry_after`` (seconds) becomes a ``Retry-After`` header.
+    The leaves live in ``serving.gateway.errors``.
+    """
+
+    def __init__(self, message: str, *, status: int, type: str = "invalid_request_error",
+                 code: str | None = None, param: str | None = None,
+                 error_class: str = "bad_request", retry_after: int | None = None):
+        self.status = status
+        self.type = type
+        self.code = code
+        self.param = param
+        self.error_class = error_class
+        self.retry_after = retry_after
+        self.reason = message
+        super().__init__(message)
+
+
+class BatchInputError(VigilError):
+    """A batch input file (JSONL) has bad lines; nothing was stored.
+
+    ``problems`` holds ``(line, message)`` pairs, ``line`` 1-based (0: the file as a whole).
+    """
+
+    exit_code = 2
+
+    def __init__(self, problems: list[tuple[int, str]], *, source: str = "batch input"):
+        self.problems = list(problems)
+        self.source = source
+        shown = "; ".join(f"line {n}: {m}" if n else m for n, m in self.problems[:20])
+        more = len(self.problems) - 20
+        tail = f" (and {more} more)" if more > 0 else ""
+        super().__init__(f"{source}: {shown}{tail}")
+
+
+class LaunchError(VigilError):
+    """``vigil vllm-serve`` cannot start vLLM here (no vllm package, no GPU)."""
+
+    exit_code = 2
+
+
+class SourceError(VigilError):
+    """A query to the Prometheus-compatible server failed (unreachable, timed out, refused).
+
+    ``url`` is the server, ``query`` the PromQL expression; the message says both and why.
+    """
+
+    def __init__(self, message: str, *, url: str, query: str | None = None):
+        self.url = url
+        self.query = query
+        self.reason = message
+        where = f"{url}: query {query!r}" if query is not None else url
+        super().__init__(f"Prometheus at {where}: {message}")
+
+
+class EmbeddingError(VigilError):
+    """The semantic cache could not embed a text (model missing or loading, remote endpoint
+    down, slow or answering garbage). The cache counts it and treats it as a miss.
+
+    ``source`` names the embedder: ``local:<model folder>`` or the remote URL.
+    """
+
+    def __init__(self, message: str, *, source: str):
+        self.source = source
+        self.reason = message
+        super().__init__(f"embeddings from {source}: {message}")

@@ -149,7 +149,10 @@ class _Evaluator:
 
         if self._store is None:
             self._store = Store(self.config.store_path(), readonly=True)
-        return EmbeddedSource(self._store, semantics=self.config.engine.promql_semantics,
+        from slo.cli import embedded_semantics
+
+        return EmbeddedSource(self._store,
+                              semantics=embedded_semantics(self.config.engine.promql_semantics),
                               lookback_s=self.config.engine.lookback)
 
     def evaluate(self, at_s: float) -> EvaluationResult:
