@@ -143,7 +143,10 @@ class VllmProfileConfig(_Section):
     #: Speculative decoding: "" (off), "ngram", or a draft model name.
     speculative_method: str = ""
     num_speculative_tokens: int = Field(default=5, ge=1)
-    #: Server-side default for requests that set no max_tokens (vLLM's max_new_tokens).
+    #: vLLM's ``max_new_tokens`` generation override. vLLM applies it as a ceiling on every
+    #: request (the smaller of it and the request's max_tokens), not only as a default: the
+    #: gateway sets the 512 default itself, so keep this >= the largest tier cap if callers
+    #: may ask for more (``vigil vllm-args`` warns otherwise).
     max_new_tokens: int = Field(default=512, ge=1)
     #: Extra arguments appended verbatim.
     extra_args: list[str] = []
