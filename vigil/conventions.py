@@ -221,3 +221,207 @@ LABEL_ROUTE = "route"
 SCALING_ACTIONS = ("scale_out", "scale_in", "hold")
 #: `vigil serve`'s default HTTP listen address (loopback: the exporter has no auth).
 SERVE_DEFAULT_LISTEN = "127.0.0.1:9464"
+
+# --- Gateway (serving/gateway/): headers, record values, metric names -----------------------
+#: Response headers: the gateway's request id, the replica that served it, the max_tokens sent
+#: upstream and why ("512; decision=default"), the cache outcome (CACHE_* below; as a request
+#: header, the value "off" opts the request out of the cache).
+HEADER_REQUEST_ID = "X-Vigil-Request-Id"
+HEADER_REPLICA = "X-Vigil-Replica"
+HEADER_MAX_TOKENS = "X-Vigil-Max-Tokens"
+HEADER_CACHE = "X-Vigil-Cache"
+CACHE_HIT_L1 = "hit-l1"
+CACHE_HIT_L2 = "hit-l2"
+CACHE_MISS = "miss"
+CACHE_BYPASS = "bypass"
+#: Gateway request ids: ``vgl-<32 hex>``.
+REQUEST_ID_PREFIX = "vgl-"
+#: Recorded endpoints (``chat`` and ``completions`` are the SLO config's endpoint values).
+ENDPOINT_CHAT = "chat"
+ENDPOINT_COMPLETIONS = "completions"
+ENDPOINT_EMBEDDINGS = "embeddings"
+ENDPOINT_PATHS = {
+    ENDPOINT_CHAT: "/v1/chat/completions",
+    ENDPOINT_COMPLETIONS: "/v1/completions",
+    ENDPOINT_EMBEDDINGS: "/v1/embeddings",
+}
+#: max_tokens decisions: the client's value, the gateway's default, the client's value clamped.
+MAX_TOKENS_CLIENT = "client"
+MAX_TOKENS_DEFAULT = "default"
+MAX_TOKENS_CLAMPED = "clamped"
+#: Error classes of a record (slo.sli.RequestRecord.error_class); "" = none. Server-side
+#: failures (RequestRecord.error) are ERROR_SERVER_CLASSES; the others are not errors.
+ERROR_TIMEOUT = "timeout"
+ERROR_UPSTREAM_5XX = "upstream_5xx"
+ERROR_OOM = "oom"
+ERROR_CLIENT_CANCEL = "client_cancel"
+ERROR_REJECTED = "rejected"
+ERROR_OVER_CAP = "over_cap"
+ERROR_BAD_REQUEST = "bad_request"
+ERROR_UPSTREAM_4XX = "upstream_4xx"
+ERROR_UNAUTHORIZED = "unauthorized"
+ERROR_SERVER_CLASSES = (ERROR_TIMEOUT, ERROR_UPSTREAM_5XX, ERROR_OOM)
+#: Where a record's completion_tokens came from: the upstream's usage, a count of streamed
+#: content chunks (usage never arrived: a lower bound), or unknown (0 recorded).
+TOKENS_USAGE = "usage"
+TOKENS_CHUNKS = "chunks"
+TOKENS_UNKNOWN = "unknown"
+#: HTTP status recorded for a request whose client went away first (nginx's convention).
+STATUS_CLIENT_CLOSED = 499
+#: SQLite table of per-request records (in GatewayConfig.records_path, beside the batch queue).
+GATEWAY_RECORDS_TABLE = "gateway_requests"
+#: Metric names (counters without ``_total``: prometheus_client appends it).
+METRIC_GW_REQUESTS = "vigil_gateway_requests"
+METRIC_GW_TTFT = "vigil_gateway_time_to_first_token_seconds"
+METRIC_GW_E2E = "vigil_gateway_e2e_request_latency_seconds"
+METRIC_GW_QUEUE_WAIT = "vigil_gateway_queue_wait_seconds"
+METRIC_GW_TOKENS = "vigil_gateway_tokens"
+METRIC_GW_CACHE_LOOKUPS = "vigil_gateway_cache_lookups"
+METRIC_GW_CACHE_LOOKUP_SECONDS = "vigil_gateway_cache_lookup_seconds"
+METRIC_GW_QUEUE_DEPTH = "vigil_gateway_queue_depth"
+METRIC_GW_REJECTIONS = "vigil_gateway_rejections"
+METRIC_GW_CANCELLATIONS = "vigil_gateway_cancellations"
+METRIC_GW_UPSTREAM_ERRORS = "vigil_gateway_upstream_errors"
+METRIC_GW_COST = "vigil_gateway_cost_usd"
+METRIC_GW_SAVED = "vigil_gateway_saved_usd"
+METRIC_GW_REPLICA_UP = "vigil_gateway_replica_up"
+METRIC_GW_REPLICA_OUTSTANDING = "vigil_gateway_replica_outstanding_requests"
+METRIC_GW_REPLICA_KV_USAGE = "vigil_gateway_replica_kv_cache_usage_ratio"
+METRIC_GW_RECORDS_DROPPED = "vigil_gateway_records_dropped"
+#: Labels of the gateway's series (LABEL_POOL as above).
+LABEL_TIER = "tier"
+LABEL_ENDPOINT = "endpoint"
+LABEL_STATUS = "status"
+LABEL_REASON = "reason"
+LABEL_PHASE = "phase"
+LABEL_RESULT = "result"
+LABEL_REPLICA = "replica"
+LABEL_ERROR_CLASS = "error_class"
+LABEL_TOKEN_TYPE = "type"
+#: ``phase`` of a cancellation; ``type`` of tokens.
+PHASE_BEFORE_FIRST_TOKEN = "before_first_token"
+PHASE_AFTER_FIRST_TOKEN = "after_first_token"
+TOKEN_PROMPT = "prompt"
+TOKEN_COMPLETION = "completion"
+#: ``reason`` of a rejection.
+REJECT_QUEUE_FULL = "queue_full"
+REJECT_NO_REPLICA = "no_replica"
+REJECT_OVER_CAP = "over_cap"
+REJECT_UNAUTHORIZED = "unauthorized"
+REJECT_BAD_REQUEST = "bad_request"
+REJECT_TOO_LARGE = "body_too_large"
+REJECT_MODEL_NOT_FOUND = "model_not_found"
+#: Latency buckets (seconds) of the TTFT and e2e histograms: they include the seed's SLO
+#: thresholds, 0.8 s and 8 s, so an SLO reads a bucket instead of interpolating.
+GATEWAY_LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.8, 1.0, 2.5, 5.0, 8.0, 10.0, 20.0, 40.0, 80.0,
+    160.0, 640.0,
+)
+#: The vLLM gauges the gateway polls on every replica (``/metrics?name[]=...``).
+GATEWAY_POLLED_SERIES = (VLLM_KV_CACHE_USAGE, VLLM_REQUESTS_WAITING, VLLM_REQUESTS_RUNNING)
+
+# --- Gateway batch queue (serving/gateway/batch*.py: the OpenAI batches API) ----------------
+#: SQLite tables in the gateway's records database (``[gateway] records_path``).
+BATCH_TABLE_FILES = "batch_files"
+BATCH_TABLE_BATCHES = "batch_batches"
+BATCH_TABLE_REQUESTS = "batch_requests"
+#: Object ids, spelled as OpenAI's: ``file-...``, ``batch_...``, ``batch_req_...``.
+BATCH_FILE_ID_PREFIX = "file-"
+BATCH_ID_PREFIX = "batch_"
+BATCH_REQUEST_ID_PREFIX = "batch_req_"
+#: Batchable endpoints (the ``url`` of an input line) -> the gateway's endpoint name.
+BATCH_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+#: File purposes: what callers upload, what the queue writes.
+BATCH_PURPOSE_INPUT = "batch"
+BATCH_PURPOSE_OUTPUT = "batch_output"
+#: OpenAI's batch statuses (openai/types/batch.py).
+BATCH_STATUSES = ("validating", "failed", "in_progress", "finalizing", "completed", "expired",
+                  "cancelling", "cancelled")
+#: ``error.code`` of the error-file lines written by the queue itself.
+BATCH_ERROR_EXPIRED = "batch_expired"
+BATCH_ERROR_CANCELLED = "batch_cancelled"
+BATCH_ERROR_UPSTREAM = "upstream_error"
+#: ``errors.data[].code`` of a batch that failed validation.
+BATCH_ERROR_INVALID_LINE = "invalid_request"
+
+# --- vLLM launch profiles (serving/vllm_args.py: `vigil vllm-args`, `vigil vllm-serve`) -----
+#: ``--custom-histogram-buckets`` family keys (vllm/v1/metrics/buckets.py, vLLM >= 0.33):
+#: TTFT, and request_latency (e2e, queue, prefill, decode and inference time).
+VLLM_BUCKET_FAMILY_TTFT = "time_to_first_token"
+VLLM_BUCKET_FAMILY_REQUEST_LATENCY = "request_latency"
+#: ``--speculative-config`` methods that need no draft model (vllm/config/speculative.py).
+VLLM_SPEC_METHODS_WITHOUT_MODEL = ("ngram", "ngram_gpu", "suffix", "mtp")
+#: Methods that need a draft/head checkpoint besides the method name.
+VLLM_SPEC_METHODS_NEEDING_MODEL = ("eagle", "eagle3", "medusa", "mlp_speculator", "draft_model",
+                                   "dflash", "dspark", "custom_class", "extract_hidden_states")
+
+# --- Dashboard (dashboard/: `vigil dashboard`, the Streamlit app) ----------------------------
+#: Environment variables `vigil dashboard` hands to the Streamlit process: the config file and,
+#: optionally, a pinned evaluation time (Unix seconds) instead of "now" (tests, benchmarks).
+DASHBOARD_ENV_CONFIG = "VIGIL_CONFIG"
+DASHBOARD_ENV_AT = "VIGIL_DASHBOARD_AT"
+#: Addresses that stay on this machine; any other bind address requires authentication.
+LOOPBACK_ADDRESSES = ("127.0.0.1", "localhost", "::1")
+#: URL query parameters of the dashboard's controls (the view a link shows).
+QP_RANGE = "range"
+QP_START = "start"
+QP_END = "end"
+QP_AT = "at"
+QP_POOL = "pool"
+QP_MODEL = "model"
+QP_ENDPOINT = "endpoint"
+QP_REFRESH = "refresh"
+QP_SLO = "slo"
+#: Time ranges offered (label -> seconds); "custom" takes QP_START / QP_END.
+DASHBOARD_RANGES = {"15m": 900.0, "1h": 3600.0, "6h": 21600.0, "24h": 86400.0,
+                    "7d": 7 * 86400.0, "30d": 30 * 86400.0}
+DASHBOARD_RANGE_CUSTOM = "custom"
+#: Pages (their URL paths; the Overview is the default page, at "/").
+PAGE_QUALITY = "quality"
+PAGE_SERVER = "server"
+PAGE_BUSINESS = "business"
+PAGE_ANOMALIES = "anomalies"
+#: More vLLM 0.33 series the Server page charts (counters: full sample names; the iteration
+#: histogram's base name ends in ``_total``, which is part of vLLM's name).
+VLLM_ITERATION_TOKENS = "vllm:iteration_tokens_total"
+VLLM_PREEMPTIONS = "vllm:num_preemptions_total"
+VLLM_PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
+VLLM_PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
+VLLM_SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+VLLM_SPEC_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
+#: ``finished_reason`` of a request the server aborted (not an error; see slo/sli.py).
+FINISHED_REASON_ABORT = "abort"
+#: DCGM exporter fields for GPU SM utilisation: the profiling ratio (0-1) when the exporter
+#: collects it, else the coarse utilisation in percent; and the GPU index label.
+DCGM_SM_ACTIVE = "DCGM_FI_PROF_SM_ACTIVE"
+DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+LABEL_GPU = "gpu"
+
+# --- Semantic cache (serving/cache/) ---------------------------------------------------------
+#: The request header is HEADER_CACHE (above); this value (case-insensitive) opts out.
+CACHE_OPT_OUT = "off"
+#: ``CacheHit.layer``: the exact hash or the embedding similarity.
+CACHE_LAYER_L1 = "l1"
+CACHE_LAYER_L2 = "l2"
+#: Why a request bypassed the cache (``CacheDecision.bypass``; a metric ``reason`` label).
+CACHE_BYPASS_DISABLED = "disabled"
+CACHE_BYPASS_ENDPOINT = "endpoint"
+CACHE_BYPASS_POOL = "pool"
+CACHE_BYPASS_TENANT = "tenant"
+CACHE_BYPASS_OPT_OUT = "opt_out"
+CACHE_BYPASS_PERSONAL = "personal"
+CACHE_BYPASS_TOOLS = "tools"
+CACHE_BYPASS_N = "n"
+CACHE_BYPASS_LOGPROBS = "logprobs"
+CACHE_BYPASS_SAMPLED = "sampled"
+CACHE_BYPASS_CONTENT = "content"
+CACHE_BYPASS_MALFORMED = "malformed"
+CACHE_BYPASS_REASONS = (
+    CACHE_BYPASS_DISABLED, CACHE_BYPASS_ENDPOINT, CACHE_BYPASS_POOL, CACHE_BYPASS_TENANT,
+    CACHE_BYPASS_OPT_OUT, CACHE_BYPASS_PERSONAL, CACHE_BYPASS_TOOLS, CACHE_BYPASS_N,
+    CACHE_BYPASS_LOGPROBS, CACHE_BYPASS_SAMPLED, CACHE_BYPASS_CONTENT, CACHE_BYPASS_MALFORMED,
+)
+#: Why a completed-looking response was not stored (``CacheStats.refused`` keys).
+CACHE_REFUSED_NOT_COMPLETE = "incomplete"
+CACHE_REFUSED_ERROR = "error"
+CACHE_REFUSED_TOOL_CALLS = "tool_calls"
