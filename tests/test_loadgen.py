@@ -1,0 +1,223 @@
+"""``vigil loadgen``: arrivals, the request mix, the report's definitions, and real runs
+against the simulator (and a header-capturing server for API keys)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import json
+import math
+import random
+import statistics
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import numpy as np
+import pytest
+
+from serving import loadgen
+from serving.loadgen.client import generate
+from serving.loadgen.report import RequestResult, Slo, percentiles, summarize
+from serving.loadgen.workload import FAQ, Workload, next_interval, plan_request
+from serving.sim.testing import running_fleet, sample_values, total
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    loadgen.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+# --- timing -------------------------------------------------------------------------------------
+def test_rate_shapes() -> None:
+    ramp = Workload(rate=2, shape="ramp", peak_rate=10, ramp=100)
+    assert [ramp.rate_at(t) for t in (0, 50, 100, 500)] == [2, 6, 10, 10]
+    day = Workload(rate=1, shape="diurnal", peak_rate=9, period=100)
+    assert day.rate_at(0) == pytest.approx(1) and day.rate_at(50) == pytest.approx(9)
+    assert day.rate_at(25) == pytest.approx(5) and day.rate_at(100) == pytest.approx(1)
+    burst = Workload(rate=1, shape="burst", peak_rate=20, period=60, burst_length=10)
+    assert [burst.rate_at(t) for t in (0, 9.9, 10, 59, 60)] == [20, 20, 1, 1, 20]
+    assert Workload(rate=3).rate_at(1e6) == 3
+
+
+@pytest.mark.parametrize("burstiness", [1.0, 0.25, 4.0])
+def test_arrivals_have_the_rate_and_the_burstiness_asked_for(burstiness: float) -> None:
+    rng = random.Random(7)
+    gaps = [next_interval(rng, 5.0, burstiness) for _ in range(40_000)]
+    mean = statistics.fmean(gaps)
+    cv = statistics.pstdev(gaps) / mean
+    assert mean == pytest.approx(0.2, rel=0.03)
+    # gamma(k): coefficient of variation 1/sqrt(k); Poisson (k = 1): exponential, cv 1
+    assert cv == pytest.approx(1 / math.sqrt(burstiness), rel=0.05)
+
+
+def test_bad_workloads_are_refused_with_the_reason() -> None:
+    with pytest.raises(ValueError, match="rate must be positive"):
+        Workload(rate=0)
+    with pytest.raises(ValueError, match="long share must be within 0-1"):
+        Workload(long_share=1.5)
+    with pytest.raises(ValueError, match="unknown tier"):
+        Workload(tiers={"gold": 1.0})
+
+
+# --- the mix ------------------------------------------------------------------------------------
+def test_the_mix_has_faq_paraphrases_outliers_and_requests_without_max_tokens() -> None:
+    rng = random.Random(1)
+    faq = Workload(faq_share=1.0, long_share=0.0)
+    phrasings = {q for group in FAQ for q in group}
+    asked = set()
+    for _ in range(200):
+        r = plan_request(rng, faq, MODEL)
+        assert r.kind == "faq" and r.path == "/v1/chat/completions"
+        assert r.body["temperature"] == 0.0
+        asked.add(r.body["messages"][-1]["content"])
+    assert asked <= phrasings and len(asked) > len(FAQ)  # several phrasings of each
+    longs = Workload(long_share=1.0, long_tokens=3000)
+    r = plan_request(rng, longs, MODEL)
+    assert (r.kind, r.body["max_tokens"], r.body["ignore_eos"]) == ("long", 3000, True)
+    plain = Workload(faq_share=0.0, long_share=0.0, no_max_tokens_share=1.0)
+    assert all("max_tokens" not in plan_request(rng, plain, MODEL).body for _ in range(50))
+    streaming = plan_request(rng, Workload(stream_share=1.0), MODEL)
+    assert streaming.body["stream_options"] == {"include_usage": True}
+    tiers = [plan_request(rng, Workload(tiers={"premium": 1.0}), MODEL).tier for _ in range(20)]
+    assert set(tiers) == {"premium"}
+
+
+def test_scenarios_are_presets_and_explicit_options_win() -> None:
+    wl = loadgen.workload_from_args(_args("--url", "http://x", "--model", "m",
+                                          "--scenario", "burst", "--rate", "4"))
+    assert (wl.shape, wl.burstiness, wl.rate) == ("burst", 0.5, 4.0)
+    wl = loadgen.workload_from_args(_args("--url", "http://x", "--model", "m",
+                                          "--ramp-to", "9", "--tier-mix", "batch=1"))
+    assert (wl.shape, wl.peak_rate, wl.tiers) == ("ramp", 9.0, {"batch": 1.0})
+
+
+# --- the report ---------------------------------------------------------------------------------
+def test_report_definitions_follow_vllm_bench() -> None:
+    a = RequestResult("premium", "normal", True, 200, True, ttft=0.1, e2e=1.1,
+                      output_tokens=11, itl=[0.1] * 10)
+    b = RequestResult("standard", "long", True, 200, True, ttft=0.5, e2e=9.5,
+                      output_tokens=91, itl=[0.1] * 90)
+    c = RequestResult("standard", "normal", False, 200, True, e2e=2.0, output_tokens=1)
+    d = RequestResult("batch", "normal", True, 503, False, error="HTTP 503", e2e=0.01)
+    e = RequestResult("batch", "normal", True, cancelled=True)
+    assert a.tpot == pytest.approx(0.1) and b.tpot == pytest.approx(0.1)
+    assert c.tpot is None  # one token: no time per output token after the first
+    report = summarize([a, b, c, d, e], 10.0, Slo(ttft=0.8, e2e=8.0))
+    assert (report["sent"], report["completed"], report["failed"], report["cancelled"]) == (
+        5, 3, 1, 1)
+    assert report["status"] == {"200": 3, "503": 1, "cancelled": 1}
+    assert report["ttft_seconds"] == percentiles([0.1, 0.5])
+    assert report["e2e_seconds"]["p50"] == pytest.approx(float(np.percentile([1.1, 9.5, 2.0],
+                                                                            50)))
+    assert report["itl_seconds"]["mean"] == pytest.approx(0.1)
+    # b breaks the e2e SLO; c has no TTFT and is judged on e2e alone
+    assert report["good_requests"] == 2 and report["goodput"] == pytest.approx(0.2)
+    assert report["output_token_throughput"] == pytest.approx((11 + 91 + 1) / 10)
+    assert report["by_tier"]["standard"]["completed"] == 2
+    assert percentiles([]) == {"mean": None, "p50": None, "p95": None, "p99": None}
+    assert len(max(loadgen.format_report(report).splitlines(), key=len)) <= 100
+
+
+# --- real runs ----------------------------------------------------------------------------------
+def test_a_run_against_the_simulator_reports_what_the_fleet_served() -> None:
+    with running_fleet(1) as fleet:
+        base = fleet.base_urls[0]
+
+        def served() -> float:
+            text = httpx.get(fleet.metrics_urls[0], trust_env=False).text
+            return total(sample_values(text), "vllm:request_success_total")
+
+        before = served()
+        out = io.StringIO()
+        args = _args("--url", base, "--model", MODEL, "--num-requests", "30", "--rate", "40",
+                     "--stream-share", "0.7", "--long-share", "0", "--json", "--quiet",
+                     "--seed", "3")
+        with contextlib.redirect_stdout(out):
+            assert loadgen.run(args) == 0
+        report = json.loads(out.getvalue())
+        count = served() - before
+    assert report["sent"] == 30 and report["completed"] == 30 and count == 30
+    for key in ("ttft_seconds", "tpot_seconds", "itl_seconds", "e2e_seconds"):
+        p = report[key]
+        assert p["p50"] is not None and p["p50"] <= p["p95"] <= p["p99"], key
+    assert report["ttft_seconds"]["p99"] <= report["e2e_seconds"]["p99"]
+    assert report["total_output_tokens"] > 30
+    assert report["goodput"] <= report["request_throughput"]
+
+
+def test_concurrency_mode_keeps_that_many_in_flight() -> None:
+    with running_fleet(1) as fleet:
+        wl = Workload(concurrency=3, max_requests=12, long_share=0.0, seed=2)
+        peak = 0
+
+        async def main() -> list[RequestResult]:
+            nonlocal peak
+            stop = asyncio.Event()
+            task = asyncio.create_task(generate(fleet.base_urls, MODEL, wl, stop))
+            engine = fleet.replicas[0].engine
+            while not task.done():
+                peak = max(peak, len(engine.running) + len(engine.waiting))
+                await asyncio.sleep(0.005)
+            return (await task)[0]
+
+        results = asyncio.run(main())
+    assert len(results) == 12 and all(r.ok for r in results)
+    assert 1 <= peak <= 3
+
+
+@contextlib.contextmanager
+def _capturing_server() -> Iterator[tuple[str, list[dict]]]:
+    seen: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append({"auth": self.headers.get("Authorization"), "body": body})
+            answer = json.dumps({"choices": [{"text": "ok", "finish_reason": "stop"}],
+                                 "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_api_keys_carry_the_tier_and_without_them_the_priority_does() -> None:
+    with _capturing_server() as (base, seen):
+        wl = Workload(max_requests=20, stream_share=0.0, rate=200, seed=5,
+                      tiers={"premium": 0.5, "batch": 0.5})
+        asyncio.run(generate([base], MODEL, wl, asyncio.Event(),
+                             keys={"premium": "k-prem", "batch": "k-batch"}))
+        assert {s["auth"] for s in seen} == {"Bearer k-prem", "Bearer k-batch"}
+        assert all("priority" not in s["body"] for s in seen)
+        seen.clear()
+        asyncio.run(generate([base], MODEL, wl, asyncio.Event()))
+        assert {s["body"]["priority"] for s in seen} == {0, 2}
+        assert all(s["auth"] is None for s in seen)
+
+
+def test_bad_options_exit_2_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
+    assert loadgen.run(_args("--url", "ftp://x", "--model", "m")) == 2
+    assert loadgen.run(_args("--url", "http://x", "--model", "m", "--key", "gold=abc")) == 2
+    assert "unknown tier 'gold'" in capsys.readouterr().err
+    assert loadgen.run(_args("--url", "http://x", "--model", "m", "--rate", "-1")) == 2
+    assert "rate must be positive" in capsys.readouterr().err
