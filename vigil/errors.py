@@ -145,10 +145,12 @@ class EmbeddingError(VigilError):
     """The semantic cache could not embed a text (model missing or loading, remote endpoint
     down, slow or answering garbage). The cache counts it and treats it as a miss.
 
-    ``source`` names the embedder: ``local:<model folder>`` or the remote URL.
+    ``source`` names the embedder: ``local:<model folder>`` or the remote URL; ``busy`` is
+    true when the embedder was only saturated (too many texts queued), not broken.
     """
 
-    def __init__(self, message: str, *, source: str):
+    def __init__(self, message: str, *, source: str, busy: bool = False):
         self.source = source
         self.reason = message
+        self.busy = busy
         super().__init__(f"embeddings from {source}: {message}")

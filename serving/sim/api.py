@@ -1,8 +1,9 @@
 """The FastAPI app of one simulated replica: vLLM's OpenAI API, ``/metrics`` and DCGM.
 
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or
-SSE), ``GET /health``, ``GET /ping``, ``GET /load``, ``GET /version``, ``GET /metrics`` and
-``GET`` ``vigil.conventions.SIM_DCGM_PATH``.
+SSE), ``POST /v1/embeddings`` (deterministic vectors, see ``embeddings``), ``GET /health``,
+``GET /ping``, ``GET /load``, ``GET /version``, ``GET /metrics`` and ``GET``
+``vigil.conventions.SIM_DCGM_PATH``.
 
 A client that disconnects aborts its request at once, streaming or not, the way vLLM does
 (``with_cancellation`` / the streaming generator's cancellation): the request leaves the batch
@@ -22,12 +23,14 @@ from prometheus_client import make_asgi_app
 from starlette.types import Receive, Scope, Send
 
 from serving.sim.dcgm import render_dcgm
+from serving.sim.embeddings import embedding_response
 from serving.sim.http_metrics import EXCLUDED_HANDLERS, HttpMetricsMiddleware
 from serving.sim.protocol import (
     SSE_DONE,
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
+    EmbeddingRequest,
     Kind,
     chat_chunk,
     chat_response,
@@ -135,6 +138,13 @@ def create_app(replica: SimReplica) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await _generate(replica, request, "completion")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> JSONResponse:
+        body = parse_request(await request.body(), EmbeddingRequest)
+        replica.resolve_model(body.model)
+        return JSONResponse(embedding_response(body.model_dump(), model=body.model or
+                                               replica.served_model, created=now_s()))
 
     return app
 

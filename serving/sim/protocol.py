@@ -21,6 +21,7 @@ __all__ = [
     "ApiError",
     "ChatCompletionRequest",
     "CompletionRequest",
+    "EmbeddingRequest",
     "Kind",
     "StreamOptions",
     "chat_chunk",
@@ -106,6 +107,15 @@ class CompletionRequest(_SamplingFields):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+
+class EmbeddingRequest(_Base):
+    """``POST /v1/embeddings``: ``input`` is checked by ``serving.sim.embeddings``."""
+
+    model: str | None = None
+    input: Any = None
+    encoding_format: str | None = None
+    dimensions: int | None = None
 
 
 def parse_request(raw: bytes, model: type[_M]) -> _M:

@@ -1,0 +1,66 @@
+"""``vigil gateway --config F [--listen HOST:PORT]``: serve the gateway with uvicorn.
+
+SIGINT or SIGTERM stops it gracefully: no new connections, streams in flight get
+``SHUTDOWN_GRACE`` seconds to finish, then the batch loop, the pollers and the records writer
+stop (every queued record is written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+
+import uvicorn
+
+from serving.gateway.app import create_app
+from vigil.config import load_config
+from vigil.errors import ConfigError
+
+__all__ = ["SHUTDOWN_GRACE", "add_arguments", "parse_listen", "run"]
+
+#: Seconds in-flight requests get to finish on shutdown.
+SHUTDOWN_GRACE = 10
+
+log = logging.getLogger("vigil.gateway")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``vigil gateway``."""
+    p.add_argument("--config", "-c", required=True, metavar="FILE", help="Vigil TOML config file")
+    p.add_argument("--listen", default=None, metavar="HOST:PORT",
+                   help="address to listen on (default: [gateway] listen)")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``"host:port"`` (IPv6 in brackets) -> (host, port); ``ConfigError`` if malformed."""
+    host, sep, port_text = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ConfigError(f"--listen must be HOST:PORT with a port 1-65535, got {value!r}")
+    return host, int(port_text)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM; exit code 0 (2 for a bad config)."""
+    cfg = load_config(args.config)
+    if not any(t.kind == "vllm" for t in cfg.targets):
+        raise ConfigError("the gateway needs at least one kind = \"vllm\" target to send "
+                          "requests to", file=args.config, key="targets")
+    if not cfg.gateway.api_keys:
+        log.warning("no [[gateway.api_keys]]: every request will get 401")
+    host, port = parse_listen(args.listen or cfg.gateway.listen)
+    app = create_app(cfg)
+    pools = ", ".join(f"{p.name} ({p.model})" for p in cfg.pools)
+    print(f"vigil gateway: http://{host}:{port}/v1 for pools {pools}; records in "
+          f"{cfg.gateway_records_path()} (Ctrl-C stops)", flush=True)
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler
+    # it found: with Python's default one that kills the process (exit -15). A no-op handler
+    # makes a requested stop the clean exit (0) it is.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
+                    timeout_graceful_shutdown=SHUTDOWN_GRACE, lifespan="on")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 0

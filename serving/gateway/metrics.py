@@ -1,0 +1,133 @@
+"""The gateway's own ``/metrics`` (prometheus_client, a registry of its own).
+
+Counters and histograms are updated as requests finish; gauges that describe a current state
+(queue depth per tier, replica health, outstanding requests, KV usage, dropped records) are read
+at scrape time by ``_StateCollector`` from the objects that hold that state, so nothing has to
+keep them in sync. Names and labels are in ``vigil.conventions`` (Gateway section).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from serving.gateway.upstreams import Replica
+from vigil.conventions import (
+    GATEWAY_LATENCY_BUCKETS,
+    LABEL_ENDPOINT,
+    LABEL_ERROR_CLASS,
+    LABEL_PHASE,
+    LABEL_POOL,
+    LABEL_REASON,
+    LABEL_REPLICA,
+    LABEL_RESULT,
+    LABEL_STATUS,
+    LABEL_TIER,
+    LABEL_TOKEN_TYPE,
+    METRIC_GW_CACHE_LOOKUP_SECONDS,
+    METRIC_GW_CACHE_LOOKUPS,
+    METRIC_GW_CANCELLATIONS,
+    METRIC_GW_COST,
+    METRIC_GW_E2E,
+    METRIC_GW_QUEUE_DEPTH,
+    METRIC_GW_QUEUE_WAIT,
+    METRIC_GW_RECORDS_DROPPED,
+    METRIC_GW_REJECTIONS,
+    METRIC_GW_REPLICA_KV_USAGE,
+    METRIC_GW_REPLICA_OUTSTANDING,
+    METRIC_GW_REPLICA_UP,
+    METRIC_GW_REQUESTS,
+    METRIC_GW_SAVED,
+    METRIC_GW_TOKENS,
+    METRIC_GW_TTFT,
+    METRIC_GW_UPSTREAM_ERRORS,
+)
+
+__all__ = ["GatewayMetrics"]
+
+#: Cache lookups take milliseconds (embedding + search), not seconds.
+_CACHE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 1.0)
+_QUEUE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+#: Sources of the scrape-time gauges: queue depth by (pool, tier), the replicas, dropped
+#: records.
+QueueDepth = Callable[[], Mapping[tuple[str, str], int]]
+
+
+class _StateCollector(Collector):
+    def __init__(self, depth: QueueDepth, replicas: Callable[[], Iterable[Replica]],
+                 dropped: Callable[[], int]) -> None:
+        self._depth = depth
+        self._replicas = replicas
+        self._dropped = dropped
+
+    def collect(self) -> Iterable[Metric]:
+        depth = GaugeMetricFamily(METRIC_GW_QUEUE_DEPTH,
+                                  "Requests waiting at the gateway (batch: in the batch queue "
+                                  "too), by pool and tier.", labels=[LABEL_POOL, LABEL_TIER])
+        for (pool, tier), n in sorted(self._depth().items()):
+            depth.add_metric([pool, tier], n)
+        up = GaugeMetricFamily(METRIC_GW_REPLICA_UP, "1 if the replica passes health checks.",
+                               labels=[LABEL_POOL, LABEL_REPLICA])
+        outstanding = GaugeMetricFamily(METRIC_GW_REPLICA_OUTSTANDING,
+                                        "Requests the gateway has in flight on the replica.",
+                                        labels=[LABEL_POOL, LABEL_REPLICA])
+        kv = GaugeMetricFamily(METRIC_GW_REPLICA_KV_USAGE,
+                               "The replica's KV-cache usage at the last poll (ratio 0-1).",
+                               labels=[LABEL_POOL, LABEL_REPLICA])
+        for r in self._replicas():
+            up.add_metric([r.pool, r.name], 1.0 if r.healthy else 0.0)
+            outstanding.add_metric([r.pool, r.name], r.outstanding)
+            if r.kv_usage is not None:
+                kv.add_metric([r.pool, r.name], r.kv_usage)
+        dropped = GaugeMetricFamily(METRIC_GW_RECORDS_DROPPED,
+                                    "Request records lost because the writer fell behind.")
+        dropped.add_metric([], self._dropped())
+        return [depth, up, outstanding, kv, dropped]
+
+
+class GatewayMetrics:
+    """Every gateway series, in ``self.registry``."""
+
+    def __init__(self, *, depth: QueueDepth, replicas: Callable[[], Iterable[Replica]],
+                 dropped: Callable[[], int], registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(METRIC_GW_REQUESTS, "Finished requests by tier and HTTP status.",
+                                [LABEL_POOL, LABEL_TIER, LABEL_ENDPOINT, LABEL_STATUS],
+                                registry=r)
+        self.ttft = Histogram(METRIC_GW_TTFT, "Time to first token seen at the gateway "
+                              "(streaming requests), seconds.", [LABEL_POOL, LABEL_TIER],
+                              buckets=GATEWAY_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram(METRIC_GW_E2E, "End-to-end latency of served requests at the "
+                             "gateway, seconds.", [LABEL_POOL, LABEL_TIER],
+                             buckets=GATEWAY_LATENCY_BUCKETS, registry=r)
+        self.queue_wait = Histogram(METRIC_GW_QUEUE_WAIT, "Time waited at the gateway's "
+                                    "admission before going upstream, seconds.",
+                                    [LABEL_POOL, LABEL_TIER], buckets=_QUEUE_BUCKETS,
+                                    registry=r)
+        self.tokens = Counter(METRIC_GW_TOKENS, "Tokens of served requests.",
+                              [LABEL_POOL, LABEL_TIER, LABEL_TOKEN_TYPE], registry=r)
+        self.cache_lookups = Counter(METRIC_GW_CACHE_LOOKUPS, "Semantic cache outcomes: "
+                                     "hit_l1, hit_l2, miss, bypass.",
+                                     [LABEL_POOL, LABEL_RESULT], registry=r)
+        self.cache_seconds = Histogram(METRIC_GW_CACHE_LOOKUP_SECONDS, "Semantic cache lookup "
+                                       "latency, seconds.", [LABEL_POOL],
+                                       buckets=_CACHE_BUCKETS, registry=r)
+        self.rejections = Counter(METRIC_GW_REJECTIONS, "Requests refused by the gateway.",
+                                  [LABEL_POOL, LABEL_TIER, LABEL_REASON], registry=r)
+        self.cancellations = Counter(METRIC_GW_CANCELLATIONS, "Requests whose client went away "
+                                     "(the upstream request was cancelled).",
+                                     [LABEL_POOL, LABEL_TIER, LABEL_PHASE], registry=r)
+        self.upstream_errors = Counter(METRIC_GW_UPSTREAM_ERRORS, "Upstream failures: "
+                                       "timeout, upstream_5xx, oom.",
+                                       [LABEL_POOL, LABEL_REPLICA, LABEL_ERROR_CLASS],
+                                       registry=r)
+        self.cost = Counter(METRIC_GW_COST, "GPU cost attributed to requests (USD).",
+                            [LABEL_POOL, LABEL_TIER], registry=r)
+        self.saved = Counter(METRIC_GW_SAVED, "GPU cost the semantic cache saved (USD).",
+                             [LABEL_POOL, LABEL_TIER], registry=r)
+        r.register(_StateCollector(depth, replicas, dropped))

@@ -1,0 +1,200 @@
+"""Sending one request to a replica of its pool and reading what comes back.
+
+``Forwarder.unary`` POSTs and reads the whole answer (with a size bound); ``Forwarder.open``
+POSTs and returns as soon as the upstream's headers arrive, leaving the body (an SSE stream) to
+be relayed. Both pick the replica (``Upstreams.pick``), retry once on another replica when the
+connection could not even be made (nothing was sent, so nothing can run twice), and turn every
+transport failure into the gateway's error: a read timeout into ``UpstreamTimeout`` (504), a
+reset or protocol error into ``UpstreamFailure`` (502), a 200 whose body is not JSON into 502.
+
+The replica's cost ledger (``accounting.ShareLedger``) is entered before sending and left when
+the exchange ends however it ends (a cancelled task included), so every request is charged for
+the replica time it held. Upstream requests carry ``Accept-Encoding: identity``: the body is
+relayed byte for byte, never decompressed and re-compressed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from serving.gateway.errors import NoReplica, UpstreamFailure, UpstreamTimeout
+from serving.gateway.upstreams import Replica, Upstreams
+
+__all__ = [
+    "MAX_UPSTREAM_BYTES",
+    "Charge",
+    "Forwarder",
+    "OpenStream",
+    "UpstreamReply",
+    "error_message",
+]
+
+_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+#: An upstream answer larger than this is refused (bytes): a completion is kilobytes.
+MAX_UPSTREAM_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class Charge:
+    """Where a request ran and the replica time it is charged for (seconds of the whole
+    replica, ``accounting.ShareLedger``); filled in by the ``Forwarder`` as the exchange goes,
+    so it is right however the exchange ends (failure or cancellation included)."""
+
+    replica: Replica | None = None
+    share_s: float = 0.0
+
+
+@dataclass(slots=True)
+class UpstreamReply:
+    """A complete upstream answer: status, raw JSON bytes, and the parsed object."""
+
+    replica: Replica
+    status: int
+    content: bytes
+    #: The parsed body; for an error status, always a dict with an ``error`` object.
+    data: dict[str, Any]
+    content_type: str = "application/json"
+
+
+@dataclass(slots=True)
+class OpenStream:
+    """An upstream 200 whose body is still to be read: close ``response``, then
+    ``finish()`` to leave the replica's ledger."""
+
+    replica: Replica
+    response: httpx.Response
+    mark: float
+    charge: Charge
+
+    def finish(self) -> None:
+        """The stream is over: charge the replica time it held."""
+        self.charge.share_s += self.replica.ledger.leave(self.mark)
+
+
+def error_message(data: dict[str, Any]) -> str:
+    """The message of an OpenAI/vLLM error body (``{"error": {"message": ...}}``)."""
+    err = data.get("error")
+    if isinstance(err, dict):
+        return str(err.get("message", ""))
+    return str(err)
+
+
+def _describe(exc: httpx.HTTPError) -> str:
+    text = str(exc)
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name
+
+
+class Forwarder:
+    """Requests to the replicas of ``upstreams`` with failover on connection failure.
+
+    ``retry_after``: the ``Retry-After`` (seconds) of a 503 when no replica can take a request.
+    """
+
+    def __init__(self, upstreams: Upstreams, *, read_timeout: float, retry_after: int) -> None:
+        self._up = upstreams
+        self._read_timeout = read_timeout
+        self._retry_after = retry_after
+
+    def _failure(self, replica: Replica, exc: httpx.HTTPError) -> UpstreamFailure | UpstreamTimeout:
+        if isinstance(exc, httpx.TimeoutException):
+            return UpstreamTimeout(replica.name, self._read_timeout)
+        return UpstreamFailure(replica.name, _describe(exc))
+
+    async def _send(self, pool: str, path: str, payload: bytes, *, premium: bool,
+                    charge: Charge) -> tuple[Replica, httpx.Response, float]:
+        """Send on the routed replica, or on another one if it cannot be reached; the replica,
+        the response with its body unread, and the ledger mark (left by the caller)."""
+        exclude: Replica | None = None
+        for attempt in (1, 2):
+            replica = self._up.pick(pool, beyond_kv_limit=premium, exclude=exclude)
+            if replica is None:
+                raise NoReplica(pool, retry_after=self._retry_after)
+            charge.replica = replica
+            mark = replica.ledger.enter()
+            client = replica.client
+            try:
+                request = client.build_request("POST", path, content=payload, headers=_HEADERS)
+                return replica, await client.send(request, stream=True), mark
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                replica.ledger.leave(mark)  # nothing ran there: nothing to charge
+                replica.mark_down(f"connect failed: {_describe(exc)}")
+                if attempt == 2:
+                    raise UpstreamFailure(replica.name, _describe(exc)) from None
+                exclude = replica
+            except httpx.HTTPError as exc:
+                charge.share_s += replica.ledger.leave(mark)
+                raise self._failure(replica, exc) from None
+            except BaseException:
+                charge.share_s += replica.ledger.leave(mark)  # cancelled: charged all the same
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _complete(self, replica: Replica, response: httpx.Response, mark: float,
+                        charge: Charge) -> UpstreamReply:
+        """Read the rest of ``response``, close it, leave the ledger, classify."""
+        try:
+            content = await _read_bounded(response)
+        except httpx.HTTPError as exc:
+            raise self._failure(replica, exc) from None
+        finally:
+            await response.aclose()
+            charge.share_s += replica.ledger.leave(mark)
+        return _reply(replica, response, content)
+
+    async def unary(self, pool: str, path: str, payload: bytes, *, premium: bool = False,
+                    charge: Charge) -> UpstreamReply:
+        """POST ``payload`` to ``path`` on a replica of ``pool``; the complete answer."""
+        replica, response, mark = await self._send(pool, path, payload, premium=premium,
+                                                   charge=charge)
+        return await self._complete(replica, response, mark, charge)
+
+    async def open(self, pool: str, path: str, payload: bytes, *, premium: bool = False,
+                   charge: Charge) -> OpenStream | UpstreamReply:
+        """POST a streaming request: the open stream on a 200 event stream, else the complete
+        answer (an error, or garbage raised as ``UpstreamFailure``)."""
+        replica, response, mark = await self._send(pool, path, payload, premium=premium,
+                                                   charge=charge)
+        if response.status_code == 200 and response.headers.get(
+                "content-type", "").startswith("text/event-stream"):
+            return OpenStream(replica, response, mark, charge)
+        return await self._complete(replica, response, mark, charge)
+
+
+async def _read_bounded(response: httpx.Response) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_raw():
+        size += len(chunk)
+        if size > MAX_UPSTREAM_BYTES:
+            raise httpx.RemoteProtocolError(
+                f"the answer is larger than {MAX_UPSTREAM_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _reply(replica: Replica, response: httpx.Response, content: bytes) -> UpstreamReply:
+    """Classify a complete answer; garbage becomes ``UpstreamFailure`` (502)."""
+    status = response.status_code
+    try:
+        data = json.loads(content) if content else None
+    except ValueError:
+        data = None
+    if status == 200:
+        if not isinstance(data, dict):
+            raise UpstreamFailure(replica.name, f"answered 200 with a body that is not a JSON "
+                                  f"object: {content[:80]!r}")
+        return UpstreamReply(replica, status, content, data)
+    if isinstance(data, dict) and "error" in data:
+        return UpstreamReply(replica, status, content, data)
+    if status >= 500 or status < 400:
+        raise UpstreamFailure(replica.name, f"answered {status} with {content[:80]!r}")
+    # A 4xx without an OpenAI error body: keep the status, give it one.
+    text = content[:200].decode("utf-8", errors="replace")
+    body = {"error": {"message": f"The replica answered {status}: {text}",
+                      "type": "invalid_request_error", "param": None, "code": None}}
+    return UpstreamReply(replica, status, json.dumps(body).encode(), body)

@@ -1,0 +1,149 @@
+"""Per-request records: written off the response path, read (read-only, WAL) by the SLO engine,
+and the cost share each request is charged."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from serving.gateway.accounting import ShareLedger, gpu_cost_per_second
+from serving.gateway.records import GatewayRecord, GatewayRecords, RecordWriter
+from slo.sli import RequestLog, RequestRecord
+from vigil.clock import ManualClock
+from vigil.config import parse_config
+
+
+def _rec(i: int, *, ts: float, pool: str = "chat", error_class: str = "",
+         status: int = 200, cache_hit: str = "") -> GatewayRecord:
+    return GatewayRecord(
+        id=f"vgl-{i}", start_s=ts - 1, ts_s=ts, pool=pool, model="m", endpoint="chat",
+        tenant="acme", tier="standard", key_id="abc", replica="r0", status=status, stream=True,
+        prompt_tokens=10, completion_tokens=20, tokens_source="usage", ttft_s=0.1, e2e_s=1.0,
+        queue_s=0.0, error=error_class in ("timeout", "upstream_5xx", "oom"),
+        error_class=error_class, cache_hit=cache_hit, requested_max_tokens=None,
+        max_tokens=512, max_tokens_decision="default", cost_usd=0.0 if cache_hit else 0.002,
+        saved_usd=0.002 if cache_hit else None, upstream_id="chatcmpl-x", batch_id="",
+        message="")
+
+
+@pytest.fixture
+def writer(tmp_path: Path):
+    w = RecordWriter(tmp_path / "sub" / "gw.db")
+    w.start()
+    yield w
+    w.close()
+
+
+def test_round_trip_of_every_column(writer: RecordWriter) -> None:
+    rec = _rec(1, ts=1000.0)
+    writer.put(rec)
+    assert writer.flush()
+    assert GatewayRecords(writer.path).get("vgl-1") == rec
+
+
+def test_window_is_left_open_right_closed(writer: RecordWriter) -> None:
+    for i, ts in enumerate((100.0, 150.0, 200.0, 250.0)):
+        writer.put(_rec(i, ts=ts))
+    writer.put(_rec(9, ts=200.0, pool="other"))
+    writer.flush()
+    reader = GatewayRecords(writer.path)
+    assert [r.ts_s for r in reader.records("chat", 200.0, 100.0)] == [150.0, 200.0]
+    assert [r.ts_s for r in reader.rows(None, 200.0, 100.0)] == [150.0, 200.0, 200.0]
+
+
+def test_request_log_protocol_and_fields(writer: RecordWriter) -> None:
+    writer.put(_rec(1, ts=10.0, error_class="timeout", status=504))
+    writer.put(_rec(2, ts=11.0, error_class="client_cancel", status=499))
+    writer.put(_rec(3, ts=12.0, cache_hit="l2"))
+    writer.flush()
+    reader = GatewayRecords(writer.path)
+    assert isinstance(reader, RequestLog)
+    out = list(reader.records("chat", 20.0, 60.0))
+    assert [type(r) for r in out] == [RequestRecord] * 3
+    timeout, cancel, hit = out
+    assert timeout.error and timeout.error_class == "timeout"
+    assert not cancel.error and cancel.error_class == "client_cancel"
+    assert (hit.cache_hit, hit.cost_usd, hit.saved_usd) == ("l2", 0.0, 0.002)
+    assert (timeout.generated_tokens, timeout.tenant, timeout.tier) == (20, "acme", "standard")
+
+
+def test_readers_open_read_only_while_the_writer_writes(writer: RecordWriter) -> None:
+    writer.put(_rec(1, ts=1.0))
+    writer.flush()
+    reader = GatewayRecords(writer.path)
+    assert len(reader.rows(None, 10.0, 10.0)) == 1
+    # The writer keeps its connection open (WAL): readers neither block it nor are blocked.
+    for i in range(2, 50):
+        writer.put(_rec(i, ts=1.0 + i / 100))
+        assert reader.rows(None, 10.0, 10.0)
+    writer.flush()
+    assert len(reader.rows(None, 10.0, 10.0)) == 49
+    ro = sqlite3.connect(f"file:{writer.path}?mode=ro", uri=True)
+    with pytest.raises(sqlite3.OperationalError):
+        ro.execute("DELETE FROM gateway_requests")
+    ro.close()
+
+
+def test_no_file_means_no_records(tmp_path: Path) -> None:
+    reader = GatewayRecords(tmp_path / "missing.db")
+    assert list(reader.records("chat", 1e9, 1e9)) == [] and reader.get("x") is None
+    assert not (tmp_path / "missing.db").exists()
+
+
+def test_a_full_queue_drops_and_counts(tmp_path: Path) -> None:
+    w = RecordWriter(tmp_path / "gw.db", max_queue=2)  # not started: nothing drains it
+    for i in range(5):
+        w.put(_rec(i, ts=1.0))
+    assert w.dropped == 3
+
+
+def test_records_survive_close_and_reopen(tmp_path: Path) -> None:
+    w = RecordWriter(tmp_path / "gw.db")
+    w.start()
+    w.put(_rec(1, ts=5.0))
+    w.close()  # writes what was queued
+    w2 = RecordWriter(tmp_path / "gw.db")
+    w2.start()
+    w2.put(_rec(2, ts=6.0))
+    w2.close()
+    assert [r.id for r in GatewayRecords(tmp_path / "gw.db").rows(None, 10, 10)] == [
+        "vgl-1", "vgl-2"]
+
+
+# --- the cost share ----------------------------------------------------------------------
+
+
+def test_alone_a_request_pays_its_whole_time() -> None:
+    clock = ManualClock(0.0)
+    ledger = ShareLedger(monotonic=clock)
+    mark = ledger.enter()
+    clock.advance(3.0)
+    assert ledger.leave(mark) == pytest.approx(3.0)
+
+
+def test_overlapping_requests_split_the_time() -> None:
+    clock = ManualClock(0.0)
+    ledger = ShareLedger(monotonic=clock)
+    a = ledger.enter()          # t=0: a alone
+    clock.advance(2.0)
+    b = ledger.enter()          # t=2: a and b
+    clock.advance(4.0)
+    share_a = ledger.leave(a)   # t=6: b alone
+    clock.advance(1.0)
+    share_b = ledger.leave(b)   # t=7
+    assert share_a == pytest.approx(2.0 + 4.0 / 2)
+    assert share_b == pytest.approx(4.0 / 2 + 1.0)
+    # The shares add up to the time the replica was busy, 7 s; idle time is nobody's.
+    clock.advance(10.0)
+    c = ledger.enter()
+    clock.advance(1.0)
+    assert share_a + share_b == pytest.approx(7.0)
+    assert ledger.leave(c) == pytest.approx(1.0) and ledger.in_flight == 0
+
+
+def test_gpu_cost_per_second_uses_price_and_gpus() -> None:
+    cfg = parse_config({"pools": [{"name": "p", "model": "m", "gpu": "H100",
+                                   "gpus_per_replica": 2}], "prices": {"H100": 7.2}})
+    assert gpu_cost_per_second(cfg, "p") == pytest.approx(2 * 7.2 / 3600)
