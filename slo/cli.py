@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from slo.sli import RequestLog
 from slo.source import Source
 from vigil.clock import Clock, system_clock
 from vigil.config import Config, load_config
@@ -104,6 +105,18 @@ def open_source(config: Config, config_file: str, *, prometheus_url: str = "",
                              lookback_s=config.engine.lookback)
 
 
+def request_log(config: Config) -> RequestLog | None:
+    """The gateway's per-request records (``[gateway] records_path``) when the file exists:
+    per-endpoint SLIs, exact anomalies, cost by tier, e2e per 512 tokens. ``None`` without a
+    gateway (the engine then works from vLLM's metrics alone)."""
+    path = config.gateway_records_path()
+    if not path.exists():
+        return None
+    from serving.gateway.records import GatewayRecords
+
+    return GatewayRecords(path)
+
+
 def embedded_semantics(value: str) -> str:
     """The rules the embedded engine follows for a configured ``promql_semantics``: "auto"
     means Prometheus 3's (there is no server to follow)."""
@@ -120,7 +133,8 @@ def run(args: argparse.Namespace, *, clock: Clock = system_clock,
     at = args.at if args.at is not None else clock()
     with open_source(config, args.config, prometheus_url=args.prometheus or "",
                      semantics=args.promql_semantics) as source:
-        result = evaluate(config, source, at, window_s=args.window)
+        result = evaluate(config, source, at, window_s=args.window,
+                          request_log=request_log(config))
     if args.json:
         stream.write(json.dumps(result, indent=2, allow_nan=False) + "\n")
     else:

@@ -181,13 +181,19 @@ def _from_request_log(
     """An SLI counted request by request (exact, never interpolated)."""
     if spec.indicator == "availability":
         return SliResult(None, reason=REASON_ENDPOINT_AVAILABILITY)
+    # Served requests only: a request refused before it reached a replica (401, 400, over
+    # its cap, shed with 429) or one the client abandoned is neither good nor bad service,
+    # as vLLM does not count client disconnects either. Server-side failures are bad.
     records = [
         r for r in log.records(spec.pool, at_s, window_s)
         if r.model == spec.model and (spec.endpoint == ENDPOINT_ALL or r.endpoint == spec.endpoint)
+        and (r.error or not r.error_class)
     ]
     if spec.is_latency:
         threshold = spec.threshold_seconds
-        latencies = [r.ttft_s if spec.indicator == "ttft" else r.e2e_s for r in records]
+        # Latency of the requests that completed (a failure's latency is the error SLO's).
+        latencies = [r.ttft_s if spec.indicator == "ttft" else r.e2e_s
+                     for r in records if not r.error]
         observed = [v for v in latencies if v is not None]
         total = float(len(observed))
         bad = float(sum(1 for v in observed if threshold is not None and v > threshold))

@@ -129,3 +129,40 @@ def test_table_of_an_extreme_status_still_fits(tmp_path: Path) -> None:
     text = format_table(result)
     assert max(len(line) for line in text.splitlines()) <= TABLE_WIDTH
     assert "scale_out 2→3: kv_cache_usage" in text
+
+
+def test_gateway_records_feed_the_status_when_the_gateway_ran(tmp_path: Path) -> None:
+    from serving.gateway.records import GatewayRecord, RecordWriter
+
+    path = tmp_path / "vigil.toml"
+    path.write_text(CONFIG_TOML)
+    with Store(tmp_path / "vigil.db") as store:
+        busy_pool(store, span_s=1200)
+    no_gateway = json.loads(_run("--config", str(path), "--at", str(AT), "--json"))
+    assert no_gateway["pools"]["chat"]["cost"]["by_tier"] is None
+
+    def rec(i: int, tier: str, tokens: int, e2e: float, **kw: object) -> GatewayRecord:
+        values: dict[str, object] = dict(
+            id=f"vgl-{i}", start_s=AT - 60 - e2e, ts_s=AT - 60, pool="chat", model=MODEL,
+            endpoint="chat", tenant="acme", tier=tier, key_id="k", replica="chat-0",
+            status=200, stream=True, prompt_tokens=20, completion_tokens=tokens,
+            tokens_source="usage", ttft_s=0.2, e2e_s=e2e, queue_s=0.0, error=False,
+            error_class="", cache_hit="", requested_max_tokens=None, max_tokens=512,
+            max_tokens_decision="default", cost_usd=0.001, saved_usd=None, upstream_id="",
+            batch_id="", message="")
+        values.update(kw)
+        return GatewayRecord(**values)  # type: ignore[arg-type]
+
+    writer = RecordWriter(tmp_path / "vigil-gateway.db")  # [gateway] records_path's default
+    writer.start()
+    for i in range(20):
+        writer.put(rec(i, "premium" if i % 2 else "standard", 100, 2.2))
+    writer.put(rec(99, "batch", 5000, 100.0, cost_usd=0.05))  # a 10x-token outlier
+    writer.close()
+    result = json.loads(_run("--config", str(path), "--at", str(AT), "--json"))
+    chat = result["pools"]["chat"]
+    assert set(chat["cost"]["by_tier"]) == {"premium", "standard", "batch"}
+    assert chat["cost"]["by_tier"]["premium"]["requests"] == 10
+    q = chat["models"][MODEL]["quantiles"]
+    assert q["e2e_seconds_per_512_tokens"]["p50"] == pytest.approx(0.2 + 2.0 / 99 * 511)
+    assert [a["id"] for a in result["anomalies"] if a["kind"] == "request"] == ["vgl-99"]

@@ -166,13 +166,19 @@ def _rec(i: int, endpoint: str, ttft: float, error: bool = False) -> RequestReco
 
 
 def test_one_endpoint_with_a_request_log_counts_its_requests_exactly(store: Store) -> None:
+    refused = RequestRecord("r5", AT - 5, "chat", MODEL, "chat", 100, 0, None, 0.01,
+                            error_class="rejected")
+    cancelled = RequestRecord("r6", AT - 6, "chat", MODEL, "chat", 100, 3, 2.5, 3.0,
+                              error_class="client_cancel")
     log = _Log([_rec(1, "chat", 0.5), _rec(2, "chat", 0.9), _rec(3, "chat", 0.2, error=True),
-                _rec(4, "completions", 3.0), _rec(4000, "chat", 9.0)])
+                _rec(4, "completions", 3.0), _rec(4000, "chat", 9.0), refused, cancelled])
     src = EmbeddedSource(store)
+    # latency: the completed chat requests r1 (good) and r2 (bad); the failure r3 is the
+    # error SLO's; a refused or abandoned request is neither good nor bad service
     ttft = error_ratio(spec("ttft", 0.8, endpoint="chat"), src, AT, 300, request_log=log)
-    assert (ttft.error_ratio, ttft.total, ttft.interpolated) == (1 / 3, 3.0, False)
+    assert (ttft.error_ratio, ttft.total, ttft.interpolated) == (1 / 2, 2.0, False)
     errors = error_ratio(spec("error_rate", endpoint="chat"), src, AT, 300, request_log=log)
-    assert errors.error_ratio == 1 / 3
+    assert (errors.error_ratio, errors.total) == (1 / 3, 3.0)
 
 
 def test_unknown_indicator_and_bad_window_are_errors(store: Store) -> None:

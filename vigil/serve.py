@@ -161,7 +161,9 @@ class _Evaluator:
 
         t0 = time.perf_counter()
         source = self._source()
-        status = evaluate(self.config, source, at_s)
+        from slo.cli import request_log
+
+        status = evaluate(self.config, source, at_s, request_log=request_log(self.config))
         targets = list(self._store.target_health())
         pool_of = {t.name: t.pool for t in self.config.targets}
         kv: dict[tuple[str, str], float] = {}
