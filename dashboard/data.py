@@ -1,0 +1,322 @@
+"""Cached access to the SLO engine for the pages: the config, the source, the status, series.
+
+* The config and the ``Source`` (``slo.cli.open_source``: the embedded store read-only, or
+  Prometheus when ``[engine] prometheus_url`` is set) are resources (``st.cache_resource``),
+  shared by every session and keyed by the config file's path and modification time, so an
+  edited config is picked up. A store that does not exist yet is not cached: it is looked for
+  again on the next run.
+* The status (``slo.status.evaluate``) and every chart point are data (``st.cache_data``).
+  Chart points are cached one by one (``point``): a chart's times are the multiples of its
+  step (``dashboard.timeseries.chart_times``), so a refresh computes only the new points.
+  A point older than ``SETTLED_SCRAPES`` scrape intervals can no longer change and is kept for
+  an hour; a recent one (its last samples may still be arriving) for a few seconds.
+* Live "now" is the clock rounded down to the scrape interval: within one interval the data
+  cannot differ, so clicks and refreshes reuse the cache.
+
+The gateway's records (``dashboard.gateway_data.open_request_log``) are opened per query
+(``GatewayRecords`` opens a connection per read; nothing is shared between threads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from dashboard import alerts_view, gateway_data, status_view, timeseries
+from dashboard.controls import View
+from slo.anomaly import pool_anomalies
+from slo.cli import open_source
+from slo.sli import RequestLog
+from slo.source import Source
+from slo.spec import SloSpec, effective_slos
+from slo.status import evaluate
+from vigil.clock import Clock, system_clock
+from vigil.config import Config, load_config
+from vigil.conventions import DASHBOARD_ENV_AT, DASHBOARD_ENV_CONFIG
+from vigil.errors import ConfigError, StoreError, VigilError
+
+__all__ = [
+    "CONTEXT_KEY",
+    "SETTLED_SCRAPES",
+    "Context",
+    "Env",
+    "config_path",
+    "context",
+    "empty_states",
+    "env",
+    "firing_alerts",
+    "live_now",
+    "load",
+    "now",
+    "pinned_at_from_env",
+    "point",
+    "series",
+    "status",
+]
+
+#: Where app.py leaves the page context for the views (session state key).
+CONTEXT_KEY = "vigil.context"
+#: A chart point this many scrape intervals old is final (its samples have all arrived).
+SETTLED_SCRAPES = 2
+#: How long a settled point or status stays cached (seconds); a recent one (seconds).
+SETTLED_TTL_S = 3600.0
+RECENT_TTL_S = 10.0
+
+
+def config_path() -> str | None:
+    """The config file `vigil dashboard` passed (``VIGIL_CONFIG``), read at run time."""
+    return os.environ.get(DASHBOARD_ENV_CONFIG) or None
+
+
+def pinned_at_from_env() -> float | None:
+    """A pinned "now" from ``VIGIL_DASHBOARD_AT`` (`vigil dashboard --at`; tests, benchmarks).
+    ``ConfigError`` when it is not a number."""
+    text = os.environ.get(DASHBOARD_ENV_AT, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{DASHBOARD_ENV_AT}={text!r} is not Unix seconds") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{DASHBOARD_ENV_AT}={text!r} is not Unix seconds")
+    return value
+
+
+def _mtime_ns(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0  # load_config then says "file not found"
+
+
+@st.cache_resource(show_spinner=False)
+def _config(path: str, mtime_ns: int) -> Config:
+    return load_config(path)
+
+
+def load(path: str) -> tuple[Config, tuple[str, int]]:
+    """The config at ``path`` (``ConfigError`` if invalid) and its cache key."""
+    key = (str(Path(path).resolve()), _mtime_ns(path))
+    return _config(*key), key
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every page needs: the config, its cache key, the user's ``View`` and the pinned
+    time (``None`` = live)."""
+
+    config: Config
+    key: tuple[str, int]
+    view: View
+    pinned_at: float | None
+
+    @property
+    def path(self) -> str:
+        """The config file (absolute)."""
+        return self.key[0]
+
+
+def context() -> Context:
+    """The context app.py set for this run (a view cannot run without the entry point)."""
+    ctx = st.session_state.get(CONTEXT_KEY)
+    if not isinstance(ctx, Context):
+        raise RuntimeError("dashboard pages run through dashboard/app.py (vigil dashboard)")
+    return ctx
+
+
+def live_now(config: Config, clock: Clock = system_clock) -> float:
+    """"Now" as the dashboard shows it: the clock rounded down to the scrape interval (the
+    data cannot change within one, so reruns within it reuse the cache)."""
+    quantum = max(1.0, config.collector.scrape_interval)
+    return math.floor(clock() / quantum) * quantum
+
+
+def now(ctx: Context, clock: Clock = system_clock) -> float:
+    """The end of the view (Unix seconds): the pinned end, or ``live_now``."""
+    return ctx.view.end_s if ctx.view.end_s is not None else live_now(ctx.config, clock)
+
+
+class _SourceHandle:
+    """An open ``Source`` and what closes it (kept open while it is cached)."""
+
+    def __init__(self, config: Config, path: str):
+        self._stack = contextlib.ExitStack()
+        self.source: Source = self._stack.enter_context(open_source(config, path))
+
+    def close(self) -> None:
+        """Close the store connection or the HTTP client."""
+        self._stack.close()
+
+
+# A few configs at most (an edited config is a new entry); an evicted source is closed.
+@st.cache_resource(show_spinner=False, max_entries=4, on_release=_SourceHandle.close)
+def _source(path: str, mtime_ns: int) -> _SourceHandle:
+    return _SourceHandle(_config(path, mtime_ns), path)
+
+
+@dataclass(frozen=True)
+class Env:
+    """The engine's inputs for one query: config, source and the gateway's records."""
+
+    config: Config
+    source: Source
+    log: RequestLog | None
+
+    def spec(self, name: str) -> SloSpec:
+        """The effective SLO called ``name``."""
+        for s in effective_slos(self.config):
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+
+def env(key: tuple[str, int]) -> Env:
+    """Config, source and request log for the config ``key``."""
+    config = _config(*key)
+    return Env(config, _source(*key).source, gateway_data.open_request_log(config))
+
+
+def _status(key: tuple[str, int], at_s: float) -> dict[str, Any]:
+    e = env(key)
+    return evaluate(e.config, e.source, at_s, request_log=e.log)
+
+
+_status_settled = st.cache_data(ttl=SETTLED_TTL_S, max_entries=64, show_spinner=False)(_status)
+_status_recent = st.cache_data(ttl=RECENT_TTL_S, max_entries=16, show_spinner=False)(_status)
+
+
+def _settled(ctx: Context, t: float, clock: Clock) -> bool:
+    """True when no sample can still arrive for time ``t`` (pinned in the past, or old)."""
+    return t <= clock() - SETTLED_SCRAPES * ctx.config.collector.scrape_interval
+
+
+def status(ctx: Context, at_s: float, clock: Clock = system_clock) -> dict[str, Any]:
+    """``slo.status.evaluate`` at ``at_s`` with the gateway's records when they exist."""
+    fn = _status_settled if _settled(ctx, at_s, clock) else _status_recent
+    return fn(ctx.key, at_s)
+
+
+# --- chart points --------------------------------------------------------------------------------
+def _anomalies(e: Env, t: float, pool: str, window_s: float) -> list[dict[str, Any]]:
+    """The histogram estimate (no request log) of one window."""
+    return pool_anomalies(e.source, e.config, e.config.pool(pool), t, window_s=window_s)
+
+
+def _exact_anomalies(e: Env, t: float, pool: str, window_s: float) -> dict[str, Any] | None:
+    """With the gateway's records: how many the window holds, and its anomalous requests
+    joined with their records (only these rows are kept, not the window's records)."""
+    if e.log is None:
+        return None
+    records = list(e.log.records(pool, t, window_s))
+    found = pool_anomalies(e.source, e.config, e.config.pool(pool), t, window_s=window_s,
+                           request_log=e.log) if records else []
+    return {"records": len(records), "rows": gateway_data.anomaly_rows(found, records)}
+
+
+#: kind -> the engine evaluation of one point: ``fn(env, t, *args)``.
+_POINTS: dict[str, Callable[..., Any]] = {
+    "quantile": lambda e, t, pool, w, metric: timeseries.quantile_point(e.source, pool, t, w,
+                                                                        metric),
+    "mean": lambda e, t, pool, w, metric: timeseries.mean_point(e.source, pool, t, w, metric),
+    "finished": lambda e, t, pool, w, model: timeseries.finished_point(e.source, pool, t, w,
+                                                                       model),
+    "burn": lambda e, t, slo, w: timeseries.burn_point(e.spec(slo), e.source, t, w, e.log),
+    "kv": lambda e, t, pool: timeseries.kv_point(e.source, e.config.pool(pool), t),
+    "queue": lambda e, t, pool: timeseries.queue_point(e.source, e.config.pool(pool), t),
+    "sm": lambda e, t, pool: timeseries.sm_point(e.source, pool, t),
+    "ratio": lambda e, t, pool, w, num, den: timeseries.counter_ratio_point(e.source, pool, t,
+                                                                            w, num, den),
+    "rate": lambda e, t, pool, w, metric: timeseries.counter_rate_point(e.source, pool, t, w,
+                                                                        metric),
+    "distribution": lambda e, t, pool, w, metric: timeseries.histogram_distribution(
+        e.source, pool, t, w, metric),
+    "cost": lambda e, t, pool, w: timeseries.cost_point(e.source, e.config,
+                                                        e.config.pool(pool), t, w),
+    "anomalies": _anomalies,
+    "exact_anomalies": _exact_anomalies,
+    "tier": lambda e, t, pool, w: (None if e.log is None
+                                   else gateway_data.tier_point(e.log, pool, t, w)),
+    "savings": lambda e, t, pool, w: (None if e.log is None
+                                      else gateway_data.savings_point(e.log, pool, t, w)),
+    "error_classes": lambda e, t, pool, w, model: (
+        None if e.log is None else gateway_data.error_class_point(e.log, pool, t, w, model)),
+    "targets": lambda e, t: status_view.target_states(e.config, e.source, t),
+}
+
+
+def _point(key: tuple[str, int], kind: str, args: tuple[Any, ...], t: float) -> Any:
+    return _POINTS[kind](env(key), t, *args)
+
+
+_point_settled = st.cache_data(ttl=SETTLED_TTL_S, max_entries=50_000,
+                               show_spinner=False)(_point)
+_point_recent = st.cache_data(ttl=RECENT_TTL_S, max_entries=2_000, show_spinner=False)(_point)
+
+
+def point(ctx: Context, kind: str, t: float, *args: Any, clock: Clock = system_clock) -> Any:
+    """One engine evaluation of ``kind`` (a key of ``_POINTS``) at ``t``, cached."""
+    fn = _point_settled if _settled(ctx, t, clock) else _point_recent
+    return fn(ctx.key, kind, tuple(args), t)
+
+
+def _settled_series(key: tuple[str, int], kind: str, args: tuple[Any, ...],
+                    times: tuple[float, ...]) -> list[tuple[float, Any]]:
+    return [(t, _point_settled(key, kind, args, t)) for t in times]
+
+
+# One lookup for a whole settled series: a point lookup costs ~0.4 ms (hashing, copying), so a
+# page of a thousand points would spend half a second on cache hits alone.
+_series_settled = st.cache_data(ttl=SETTLED_TTL_S, max_entries=2_000,
+                                show_spinner=False)(_settled_series)
+
+
+def series(ctx: Context, kind: str, times: Sequence[float], *args: Any,
+           clock: Clock = system_clock) -> list[tuple[float, Any]]:
+    """``point`` at each of ``times``: ``[(t, value)]``. The settled times are looked up as one
+    cached series (their points cached one by one underneath, so a series that gained a
+    point reuses the others); the recent ones point by point."""
+    settled = tuple(t for t in times if _settled(ctx, t, clock))
+    out = _series_settled(ctx.key, kind, tuple(args), settled) if settled else []
+    return [*out, *((t, point(ctx, kind, t, *args, clock=clock))
+                    for t in times[len(settled):])]
+
+
+def firing_alerts(ctx: Context, at_s: float, clock: Clock = system_clock
+                  ) -> tuple[list[dict[str, Any]], str]:
+    """The firing alerts and where they come from (``alerts_view.FROM_SERVE`` or
+    ``FROM_CONDITIONS``): `vigil serve`'s when the view is live and it runs here, else the
+    conditions evaluated over the status at ``at_s``."""
+    if ctx.view.live:
+        served = alerts_view.served_alerts(ctx.config.outbox_path(), clock())
+        if served is not None:
+            return served, alerts_view.FROM_SERVE
+    e = env(ctx.key)
+    rows = alerts_view.evaluated_alerts(e.config, status(ctx, at_s, clock), e.source, at_s)
+    return rows, alerts_view.FROM_CONDITIONS
+
+
+# --- empty states --------------------------------------------------------------------------------
+@contextlib.contextmanager
+def empty_states(ctx: Context) -> Iterator[None]:
+    """Turn the engine's expected failures into a message that says what to do, never a stack
+    trace: no store yet (start the collector), Prometheus unreachable, any other VigilError."""
+    try:
+        yield
+    except StoreError as exc:
+        if "no store at" in str(exc):
+            st.info(f"**No data yet.** There is no store at `{ctx.config.store_path()}` yet: "
+                    f"start `vigil serve --config {ctx.path}` (it scrapes the targets into "
+                    "the store), or point `[engine] prometheus_url` at a Prometheus that "
+                    "scrapes them.", icon=":material/hourglass_empty:")
+        else:
+            st.error(f"The store cannot be read: {exc}", icon=":material/error:")
+    except VigilError as exc:
+        st.error(f"{exc}", icon=":material/error:")

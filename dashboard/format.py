@@ -1,0 +1,91 @@
+"""How the dashboard writes numbers: one place, so every page spells a ratio or a price alike.
+
+Every function takes ``None`` (the engine's "no data") and returns ``NULL`` for it, never "0".
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+from vigil.durations import format_duration
+
+__all__ = [
+    "NULL",
+    "count",
+    "duration",
+    "percent",
+    "ratio",
+    "seconds",
+    "timestamp",
+    "tokens",
+    "usd",
+]
+
+#: What a missing value looks like (the same dash as `vigil slo status`).
+NULL = "–"
+
+
+def _finite(value: float | None) -> float | None:
+    """``value`` when it is a real number, else ``None`` (NaN and ±Inf are "no data" too)."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def percent(value: float | None, digits: int = 1) -> str:
+    """A ratio 0-1 as a percentage: ``0.995`` -> ``"99.5%"``."""
+    v = _finite(value)
+    return NULL if v is None else f"{v * 100:.{digits}f}%"
+
+
+def ratio(value: float | None, digits: int = 2) -> str:
+    """A burn rate or another multiple: ``2.4`` -> ``"2.40x"``."""
+    v = _finite(value)
+    return NULL if v is None else f"{v:.{digits}f}x"
+
+
+def seconds(value: float | None) -> str:
+    """A latency in seconds: milliseconds below 1 s (``0.64`` -> ``"640 ms"``)."""
+    v = _finite(value)
+    if v is None:
+        return NULL
+    return f"{v * 1000:.0f} ms" if abs(v) < 1 else f"{v:.2f} s"
+
+
+def usd(value: float | None) -> str:
+    """Dollars: cents above $100, three decimals above a cent, two significant digits below
+    (``0.0031`` -> ``"$0.0031"``), so small per-request prices stay readable."""
+    v = _finite(value)
+    if v is None:
+        return NULL
+    if abs(v) >= 100:
+        return f"${v:,.2f}"
+    if abs(v) >= 0.01 or v == 0:
+        return f"${v:.3f}"
+    return f"${v:.2g}"
+
+
+def count(value: float | None) -> str:
+    """A count: whole numbers without decimals, thousands separated; one decimal for a small
+    fractional count (an extrapolated ``increase``)."""
+    v = _finite(value)
+    if v is None:
+        return NULL
+    return f"{v:,.0f}" if abs(v - round(v)) < 1e-9 or abs(v) >= 100 else f"{v:,.1f}"
+
+
+def tokens(value: float | None) -> str:
+    """A token count (``187.4`` -> ``"187"``)."""
+    v = _finite(value)
+    return NULL if v is None else f"{v:,.0f}"
+
+
+def duration(value: float | None) -> str:
+    """Seconds as a Prometheus duration (``170`` -> ``"2m50s"``)."""
+    v = _finite(value)
+    return NULL if v is None else format_duration(max(0.0, v))
+
+
+def timestamp(value: float | None) -> str:
+    """Unix seconds as ``2026-11-30 10:00:00Z`` (UTC, as every Vigil command prints time)."""
+    v = _finite(value)
+    return NULL if v is None else datetime.fromtimestamp(v, UTC).strftime("%Y-%m-%d %H:%M:%SZ")

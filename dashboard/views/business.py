@@ -1,0 +1,191 @@
+"""Business: GPU cost per 1000 requests and per 1M output tokens over time by pool (and tier
+with gateway data), generated tokens per request, idle GPU cost, semantic-cache savings, and
+a what-if panel (price per GPU-hour and replicas in, cost per 1000 requests out)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, data, layout, whatif
+from dashboard import format as fmt
+from dashboard.timeseries import chart_step, chart_times
+from vigil.config import PoolConfig
+from vigil.conventions import VLLM_GENERATION_TOKENS_HIST
+from vigil.durations import format_duration
+
+ctx = data.context()
+
+
+def _label(pool: PoolConfig) -> str:
+    return f"{pool.name} ({pool.model.rsplit('/', 1)[-1]})"
+
+
+def _cost_over_time(pools: list[PoolConfig], times: list[float], window_s: float) -> None:
+    per_1000, per_m, idle = [], [], []
+    for pool in pools:
+        for t, cost in data.series(ctx, "cost", times, pool.name, window_s):
+            per_1000.append((t, _label(pool), cost["per_1000_requests"]))
+            per_m.append((t, _label(pool), cost["per_million_output_tokens"]))
+            idle.append((t, _label(pool), cost["idle_cost_usd"]))
+    left, right = st.columns(2, gap="medium")
+    with left:
+        df = charts.long_frame(per_1000)
+        st.markdown(f"**GPU cost per 1000 requests** (over {format_duration(window_s)})")
+        layout.chart(charts.lines(df, y_title="USD", y_format="$.2f"), df,
+                     "No request finished in this range.")
+    with right:
+        df = charts.long_frame(per_m)
+        st.markdown(f"**GPU cost per 1M output tokens** (over {format_duration(window_s)})")
+        layout.chart(charts.lines(df, y_title="USD", y_format="$.2f"), df,
+                     "No token was generated in this range.")
+    left, right = st.columns(2, gap="medium")
+    with left:
+        df = charts.long_frame(idle)
+        st.markdown(f"**Idle GPU cost** (up replicas running nothing, per "
+                    f"{format_duration(window_s)})")
+        layout.chart(charts.lines(df, y_title="USD", y_format="$.2f"), df,
+                     "No replica was up in this range.")
+    with right:
+        rows = []
+        for pool in pools:
+            means = data.series(ctx, "mean", times, pool.name, window_s,
+                                VLLM_GENERATION_TOKENS_HIST)
+            p95s = data.series(ctx, "quantile", times, pool.name, window_s,
+                               VLLM_GENERATION_TOKENS_HIST)
+            for (t, mean), (_, q) in zip(means, p95s, strict=True):
+                for model, v in mean.items():
+                    rows.append((t, f"{pool.name} mean", v))
+                    rows.append((t, f"{pool.name} p95", (q.get(model) or {}).get("p95")))
+        df = charts.long_frame(rows)
+        st.markdown(f"**Generated tokens per request** (mean and p95 over "
+                    f"{format_duration(window_s)})")
+        layout.chart(charts.lines(df, y_title="tokens", y_format=",.0f"), df,
+                     "No request finished in this range.")
+
+
+def _now_table(status: Mapping[str, Any], pools: list[PoolConfig]) -> None:
+    rows = []
+    for pool in pools:
+        cost = status["pools"][pool.name]["cost"]
+        rows.append({
+            "pool": _label(pool), "GPU": f"{pool.gpus_per_replica} × {pool.gpu}",
+            "USD per GPU-hour": cost["usd_per_gpu_hour"], "GPU-hours": cost["gpu_hours"],
+            "cost": cost["cost_usd"], "requests": cost["requests"],
+            "per 1000 requests": cost["per_1000_requests"],
+            "per 1M output tokens": cost["per_million_output_tokens"],
+            "idle share": cost["idle_share"], "idle cost": cost["idle_cost_usd"],
+        })
+    window = status["pools"][pools[0].name]["cost"]["window"] if pools else ""
+    st.markdown(f"**Now** (the last {window}, as `vigil slo status` reports it)")
+    money = st.column_config.NumberColumn(format="$%.3f")
+    st.dataframe(pd.DataFrame(rows), hide_index=True, key="cost-now", column_config={
+        "USD per GPU-hour": st.column_config.NumberColumn(format="$%.2f"),
+        "GPU-hours": st.column_config.NumberColumn(format="%.2f"),
+        "cost": money, "per 1000 requests": money, "per 1M output tokens": money,
+        "idle cost": money, "requests": st.column_config.NumberColumn(format="%.0f"),
+        "idle share": st.column_config.NumberColumn(format="percent"),
+    })
+
+
+def _gateway(pools: list[PoolConfig], times: list[float], window_s: float, at_s: float
+             ) -> None:
+    st.subheader("By tier, and the semantic cache", anchor=False)
+    start, end = ctx.view.window(at_s)
+    totals: dict[str, dict[str, float]] = {}
+    savings = {"saved_usd": 0.0, "hits": 0.0, "requests": 0.0}
+    any_log = False
+    for pool in pools:
+        tiers = data.point(ctx, "tier", end, pool.name, end - start)
+        saved = data.point(ctx, "savings", end, pool.name, end - start)
+        if tiers is None:
+            continue
+        any_log = True
+        for tier, v in tiers.items():
+            acc = totals.setdefault(tier, {"requests": 0.0, "cost_usd": 0.0})
+            acc["requests"] += v["requests"] or 0.0
+            acc["cost_usd"] += v["cost_usd"] or 0.0
+        for k in savings:
+            savings[k] += saved[k]
+    if not any_log:
+        st.info("**No gateway data.** Cost per tier (premium / standard / batch) and cache "
+                "savings come from the gateway's per-request records: run `vigil gateway "
+                f"--config {ctx.path}` in front of the pools (records go to "
+                f"`{ctx.config.gateway_records_path()}`).", icon=":material/alt_route:")
+        return
+    left, right = st.columns([3, 2], gap="medium")
+    with left:
+        df = pd.DataFrame([{"tier": t, "per 1000 requests": v["cost_usd"] / v["requests"] * 1000}
+                           for t, v in totals.items() if v["requests"]])
+        st.markdown("**Attributed GPU cost per 1000 requests by tier** (busy GPU time shared "
+                    "among the requests in flight; idle time is the pool's)")
+        layout.chart(charts.bars(df, x="tier", y="per 1000 requests", x_title="tier",
+                                 y_title="USD", y_format="$.3f") if not df.empty else None, df,
+                     "No tiered request in this range.")
+    with right:
+        st.metric("Saved by the semantic cache", fmt.usd(savings["saved_usd"]),
+                  help="What the cache hits would have cost on a replica, over the range.")
+        share = savings["hits"] / savings["requests"] if savings["requests"] else None
+        st.caption(f"{fmt.count(savings['hits'])} hits of {fmt.count(savings['requests'])} "
+                   f"requests ({fmt.percent(share)})")
+    rows = []
+    for pool in pools:
+        for t, tiers in data.series(ctx, "tier", times, pool.name, window_s):
+            for tier, v in (tiers or {}).items():
+                rows.append((t, f"{pool.name} {tier}", v["per_1000_requests"]))
+    df = charts.long_frame(rows)
+    st.markdown(f"**Per tier over time** (attributed cost per 1000 requests over "
+                f"{format_duration(window_s)})")
+    layout.chart(charts.lines(df, y_title="USD", y_format="$.3f"), df,
+                 "No tiered request in this range.")
+
+
+def _what_if(status: Mapping[str, Any], pools: list[PoolConfig]) -> None:
+    st.subheader("What if", anchor=False)
+    if not pools:
+        return
+    names = [p.name for p in pools]
+    name = st.selectbox("Pool", names, key="whatif-pool") if len(names) > 1 else names[0]
+    pool = next(p for p in pools if p.name == name)
+    cost = status["pools"][name]["cost"]
+    window_s = ctx.config.engine.cost_window
+    observed = whatif.observed_replicas(cost, window_s, pool.gpus_per_replica)
+    left, mid, right = st.columns(3, gap="medium")
+    price = left.number_input("USD per GPU-hour", min_value=0.0, step=0.1,
+                              value=float(cost["usd_per_gpu_hour"]), key=f"whatif-price-{name}")
+    replicas = mid.number_input("Replicas", min_value=0, step=1,
+                                value=max(0, round(observed or 0)), key=f"whatif-replicas-{name}")
+    result = whatif.per_1000_requests(requests=cost["requests"], window_s=window_s,
+                                      replicas=replicas, gpus_per_replica=pool.gpus_per_replica,
+                                      usd_per_gpu_hour=price)
+    now = cost["per_1000_requests"]
+    # Half a tenth of a cent either way is "the same": no red or green arrow for rounding.
+    delta = (None if result is None or now is None or abs(result - now) < 0.0005
+             else f"{result - now:+.3f} USD vs now")
+    right.metric("Cost per 1000 requests", fmt.usd(result), delta=delta, delta_color="inverse")
+    st.caption(f"At the observed traffic: {fmt.count(cost['requests'])} requests in the last "
+               f"{cost['window']}, served by {fmt.count(observed)} replica(s) on average "
+               f"({pool.gpus_per_replica} × {pool.gpu} each). Fewer replicas only hold if they "
+               "keep the SLOs: see the scaling recommendation on the Overview.")
+
+
+def body() -> None:
+    at_s = data.now(ctx)
+    with data.empty_states(ctx):
+        layout.header(ctx, "Business", at_s)
+        status = data.status(ctx, at_s)
+        pools = layout.pools(ctx)
+        start, end = ctx.view.window(at_s)
+        step = chart_step(end - start, min_step_s=ctx.config.collector.scrape_interval)
+        times = chart_times(end, end - start, step)
+        window = max(step, ctx.config.engine.cost_window)
+        _now_table(status, pools)
+        _cost_over_time(pools, times, window)
+        _gateway(pools, times, window, at_s)
+        _what_if(status, pools)
+
+
+layout.live_fragment(ctx, body)
