@@ -182,24 +182,16 @@ async def fetch(
         "X-Prometheus-Scrape-Timeout-Seconds": f"{timeout:g}",
     }
     try:
-        async with client.stream("GET", url, headers=headers, timeout=timeout) as resp:
-            if resp.status_code != 200:
-                raise ScrapeError(
-                    f"server returned HTTP status {resp.status_code} {resp.reason_phrase}",
-                    target=target,
-                )
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in resp.aiter_bytes():
-                size += len(chunk)
-                if size > max_body_bytes:
-                    raise ScrapeError(
-                        f"body exceeds the limit of {max_body_bytes} bytes "
-                        "([collector] max_body_bytes)",
-                        target=target,
-                    )
-                chunks.append(chunk)
-            return b"".join(chunks), resp.headers.get("content-type")
+        try:
+            return await _get(client, url, headers, timeout, max_body_bytes, target)
+        except httpx.RemoteProtocolError as exc:
+            # The server closed a kept-alive connection just as we reused it (its keep-alive
+            # timeout equals our interval: uvicorn's 5 s vs a 5 s scrape): nothing was sent
+            # back, so the GET is retried once on a new connection, as Go's http.Transport
+            # (Prometheus) retries a request on a connection the server closed while idle.
+            if "without sending a response" not in str(exc):
+                raise
+            return await _get(client, url, headers, timeout, max_body_bytes, target)
     except ScrapeError:
         raise
     except httpx.TimeoutException:
@@ -208,6 +200,30 @@ async def fetch(
         raise ScrapeError(f"connection failed: {_root_cause(exc)}", target=target) from None
     except httpx.HTTPError as exc:
         raise ScrapeError(f"{type(exc).__name__}: {_root_cause(exc)}", target=target) from None
+
+
+async def _get(
+    client: httpx.AsyncClient, url: str, headers: dict[str, str], timeout: float,
+    max_body_bytes: int, target: str,
+) -> tuple[bytes, str | None]:
+    async with client.stream("GET", url, headers=headers, timeout=timeout) as resp:
+        if resp.status_code != 200:
+            raise ScrapeError(
+                f"server returned HTTP status {resp.status_code} {resp.reason_phrase}",
+                target=target,
+            )
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in resp.aiter_bytes():
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise ScrapeError(
+                    f"body exceeds the limit of {max_body_bytes} bytes "
+                    "([collector] max_body_bytes)",
+                    target=target,
+                )
+            chunks.append(chunk)
+        return b"".join(chunks), resp.headers.get("content-type")
 
 
 def _root_cause(exc: BaseException) -> str:
