@@ -242,8 +242,8 @@ _POINTS: dict[str, Callable[..., Any]] = {
                                                         e.config.pool(pool), t, w),
     "anomalies": _anomalies,
     "exact_anomalies": _exact_anomalies,
-    "tier": lambda e, t, pool, w: (None if e.log is None
-                                   else gateway_data.tier_point(e.log, pool, t, w)),
+    "tier": lambda e, t, pool, w: (None if e.log is None else timeseries.cost_point(
+        e.source, e.config, e.config.pool(pool), t, w, e.log)["by_tier"] or {}),
     "savings": lambda e, t, pool, w: (None if e.log is None
                                       else gateway_data.savings_point(e.log, pool, t, w)),
     "error_classes": lambda e, t, pool, w, model: (

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from slo.cost import tier_costs
 from slo.sli import RequestLog, RequestRecord
 from vigil.config import Config
 from vigil.conventions import ANOMALY_REQUEST
@@ -26,7 +27,6 @@ __all__ = [
     "error_class_point",
     "open_request_log",
     "savings_point",
-    "tier_point",
 ]
 
 #: The error-class label of a request without an error.
@@ -51,34 +51,15 @@ def _records(log: RequestLog, pool: str, at_s: float, window_s: float,
     return [r for r in log.records(pool, at_s, window_s) if model is None or r.model == model]
 
 
-def tier_point(log: RequestLog, pool: str, at_s: float, window_s: float
-               ) -> dict[str, dict[str, float | None]]:
-    """Per tier over ``(at_s - window_s, at_s]``: ``requests`` (records with a cost: served by
-    a replica or the cache), ``cost_usd``, ``per_1000_requests``, ``saved_usd`` and
-    ``cache_hits``. Tiers without such a request are absent."""
-    out: dict[str, dict[str, float | None]] = {}
-    for r in _records(log, pool, at_s, window_s):
-        if r.cost_usd is None:
-            continue
-        t = out.setdefault(r.tier or "unknown", {"requests": 0.0, "cost_usd": 0.0,
-                                                 "saved_usd": 0.0, "cache_hits": 0.0})
-        t["requests"] = (t["requests"] or 0.0) + 1
-        t["cost_usd"] = (t["cost_usd"] or 0.0) + r.cost_usd
-        t["saved_usd"] = (t["saved_usd"] or 0.0) + (r.saved_usd or 0.0)
-        t["cache_hits"] = (t["cache_hits"] or 0.0) + (1 if r.cache_hit else 0)
-    for t in out.values():
-        n, cost = t["requests"], t["cost_usd"]
-        t["per_1000_requests"] = None if not n or cost is None else cost / n * 1000.0
-    return dict(sorted(out.items()))
-
-
 def savings_point(log: RequestLog, pool: str, at_s: float, window_s: float
                   ) -> dict[str, float]:
-    """Semantic-cache results over the window: ``saved_usd`` (what the hits would have cost),
-    ``hits``, ``l1_hits``, ``l2_hits`` and ``requests`` (every record)."""
+    """Semantic-cache results over the window: ``saved_usd`` (the engine's
+    ``cache_savings_usd``: what the hits would have cost), ``hits``, ``l1_hits``, ``l2_hits``
+    and ``requests`` (every record)."""
     records = _records(log, pool, at_s, window_s)
+    saved = tier_costs(records, None)[1]
     return {
-        "saved_usd": sum(r.saved_usd or 0.0 for r in records),
+        "saved_usd": saved or 0.0,
         "hits": float(sum(1 for r in records if r.cache_hit)),
         "l1_hits": float(sum(1 for r in records if r.cache_hit == "l1")),
         "l2_hits": float(sum(1 for r in records if r.cache_hit == "l2")),

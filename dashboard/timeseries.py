@@ -244,8 +244,9 @@ def _non_cumulative(buckets: Iterable[Bucket]) -> list[dict[str, Any]]:
 
 
 # --- business: cost ------------------------------------------------------------------------------
-def cost_point(source: Source, config: Config, pool: PoolConfig, at_s: float, window_s: float
-               ) -> dict[str, Any]:
+def cost_point(source: Source, config: Config, pool: PoolConfig, at_s: float, window_s: float,
+               request_log: RequestLog | None = None) -> dict[str, Any]:
     """``slo.cost.pool_cost`` over ``window_s`` at ``at_s``: the status JSON's ``cost`` block
-    (USD, GPU-hours, requests, tokens; ``None`` = no data)."""
-    return pool_cost(source, config, pool, at_s, window_s)
+    (USD, GPU-hours, requests, tokens, and with the gateway's records ``by_tier`` and
+    ``cache_savings_usd``; ``None`` = no data)."""
+    return pool_cost(source, config, pool, at_s, window_s, request_log=request_log)

@@ -44,6 +44,7 @@ from slo.sli import RequestLog, RequestRecord, vllm_matchers
 from slo.source import Source
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
+    ERROR_REFUSED_CLASSES,
     LABEL_MODEL_NAME,
     SERIES_UP,
     VLLM_GENERATION_TOKENS,
@@ -84,17 +85,21 @@ def tier_costs(
 ) -> tuple[dict[str, dict[str, float | None]] | None, float | None]:
     """``(by_tier, cache_savings_usd)`` of one pool's records over the cost window (see the
     module docstring); ``(None, None)`` without records."""
+    # Served requests only: one refused before a replica or the cache costs nothing.
+    records = [r for r in records if r.error_class not in ERROR_REFUSED_CLASSES]
     if not records:
         return None, None
     tiers: dict[str, dict[str, float]] = {}
     for r in records:
         t = tiers.setdefault(r.tier or "unknown",
                              {"requests": 0.0, "output_tokens": 0.0, "weight": 0.0,
-                              "tokens_weight": 0.0, "cache_hits": 0.0})
+                              "cache_hits": 0.0, "saved_usd": 0.0})
         t["requests"] += 1
         t["output_tokens"] += r.generated_tokens
         if r.cache_hit:
             t["cache_hits"] += 1
+            if r.saved_usd is not None and math.isfinite(r.saved_usd):
+                t["saved_usd"] += r.saved_usd
         elif r.cost_usd is not None and math.isfinite(r.cost_usd):
             t["weight"] += r.cost_usd
     by_weight = math.fsum(t["weight"] for t in tiers.values())
@@ -108,6 +113,7 @@ def tier_costs(
             "requests": t["requests"],
             "output_tokens": t["output_tokens"],
             "cache_hits": t["cache_hits"],
+            "saved_usd": t["saved_usd"],
             "cost_share": share,
             "cost_usd": cost,
             "per_1000_requests": _per(cost, t["requests"], 1000.0),

@@ -204,18 +204,6 @@ def _rec(i: int, **kw: Any) -> RequestRecord:
     return RequestRecord(**{**base, **kw})
 
 
-def test_tier_point_sums_cost_per_tier_and_skips_refusals() -> None:
-    log = _Log([_rec(1), _rec(2, tier="premium", cost_usd=0.003),
-                _rec(3, cost_usd=0.0, cache_hit="l2", saved_usd=0.002),
-                _rec(4, cost_usd=None, error_class="rejected"), _rec(5000)])
-    got = gateway_data.tier_point(log, "chat", AT, 3600.0)
-    assert got["standard"]["requests"] == 2
-    assert got["standard"]["per_1000_requests"] == pytest.approx(0.001 / 2 * 1000)
-    assert got["standard"]["saved_usd"] == pytest.approx(0.002)
-    assert got["standard"]["cache_hits"] == 1
-    assert got["premium"]["per_1000_requests"] == pytest.approx(3.0)
-
-
 def test_savings_and_error_classes() -> None:
     log = _Log([_rec(1, cache_hit="l1", saved_usd=0.01), _rec(2, cache_hit="l2",
                 saved_usd=0.02), _rec(3, error_class="timeout", error=True), _rec(4)])

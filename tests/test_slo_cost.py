@@ -137,3 +137,21 @@ def test_tier_costs_fall_back_to_output_tokens_without_gateway_costs() -> None:
     assert by_tier["premium"]["cost_usd"] == pytest.approx(6.0)
     assert by_tier["standard"]["cost_usd"] == pytest.approx(2.0)
     assert tier_costs([], 8.0) == (None, None)
+
+
+def test_tier_costs_skip_refused_requests_and_sum_savings_per_tier() -> None:
+    recs = [RequestRecord("a", 0, "chat", MODEL, "chat", 10, 10, tier="standard", cost_usd=0.001),
+            RequestRecord("b", 0, "chat", MODEL, "chat", 10, 10, tier="premium", cost_usd=0.003),
+            RequestRecord("c", 0, "chat", MODEL, "chat", 10, 10, tier="standard", cost_usd=0.0,
+                          cache_hit="l2", saved_usd=0.002),
+            RequestRecord("d", 0, "chat", MODEL, "chat", 10, 0, tier="standard",
+                          error_class="rejected"),
+            RequestRecord("e", 0, "chat", MODEL, "chat", 10, 0, tier="batch",
+                          error_class="over_cap")]
+    by_tier, saved = tier_costs(recs, 4.0)
+    assert by_tier is not None and set(by_tier) == {"standard", "premium"}  # refusals: none
+    assert by_tier["standard"]["requests"] == 2 and by_tier["standard"]["cache_hits"] == 1
+    assert by_tier["standard"]["saved_usd"] == pytest.approx(0.002)
+    assert by_tier["premium"]["cost_usd"] == pytest.approx(3.0)
+    assert by_tier["standard"]["per_1000_requests"] == pytest.approx(1.0 / 2 * 1000)
+    assert saved == pytest.approx(0.002)

@@ -261,6 +261,8 @@ ERROR_BAD_REQUEST = "bad_request"
 ERROR_UPSTREAM_4XX = "upstream_4xx"
 ERROR_UNAUTHORIZED = "unauthorized"
 ERROR_SERVER_CLASSES = (ERROR_TIMEOUT, ERROR_UPSTREAM_5XX, ERROR_OOM)
+#: Refused before reaching a replica or the cache: no GPU time, not a served request.
+ERROR_REFUSED_CLASSES = (ERROR_REJECTED, ERROR_OVER_CAP, ERROR_BAD_REQUEST, ERROR_UNAUTHORIZED)
 #: Where a record's completion_tokens came from: the upstream's usage, a count of streamed
 #: content chunks (usage never arrived: a lower bound), or unknown (0 recorded).
 TOKENS_USAGE = "usage"

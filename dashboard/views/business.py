@@ -120,8 +120,8 @@ def _gateway(pools: list[PoolConfig], times: list[float], window_s: float, at_s:
     with left:
         df = pd.DataFrame([{"tier": t, "per 1000 requests": v["cost_usd"] / v["requests"] * 1000}
                            for t, v in totals.items() if v["requests"]])
-        st.markdown("**Attributed GPU cost per 1000 requests by tier** (busy GPU time shared "
-                    "among the requests in flight; idle time is the pool's)")
+        st.markdown("**GPU cost per 1000 requests by tier** (each pool's cost, idle time "
+                    "included, split by the GPU time of each tier's requests)")
         layout.chart(charts.bars(df, x="tier", y="per 1000 requests", x_title="tier",
                                  y_title="USD", y_format="$.3f") if not df.empty else None, df,
                      "No tiered request in this range.")
@@ -137,7 +137,7 @@ def _gateway(pools: list[PoolConfig], times: list[float], window_s: float, at_s:
             for tier, v in (tiers or {}).items():
                 rows.append((t, f"{pool.name} {tier}", v["per_1000_requests"]))
     df = charts.long_frame(rows)
-    st.markdown(f"**Per tier over time** (attributed cost per 1000 requests over "
+    st.markdown(f"**Per tier over time** (cost per 1000 requests over "
                 f"{format_duration(window_s)})")
     layout.chart(charts.lines(df, y_title="USD", y_format="$.3f"), df,
                  "No tiered request in this range.")

@@ -63,6 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="share of FAQ questions, asked in varying words (0.3)")
     m.add_argument("--no-max-tokens-share", type=float,
                    help="share of requests without max_tokens (0.3)")
+    m.add_argument("--max-tokens", metavar="N,...",
+                   help="max_tokens values drawn for the other requests (128,256,512)")
     m.add_argument("--tier-mix", metavar="T=S,...",
                    help="tier shares, e.g. premium=0.2,standard=0.6,batch=0.2")
     m.add_argument("--seed", type=int, help="random seed (0)")
@@ -103,6 +105,11 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
         fields["shape"] = "ramp"  # `--ramp-to` alone means a ramp, as before
     if args.tier_mix:
         fields["tiers"] = _tier_mix(args.tier_mix)
+    if args.max_tokens:
+        try:
+            fields["max_tokens_choices"] = tuple(int(v) for v in args.max_tokens.split(","))
+        except ValueError:
+            raise ValueError(f"--max-tokens: expected N,N,..., got {args.max_tokens!r}") from None
     return Workload(**fields)
 
 

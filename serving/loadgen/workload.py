@@ -85,6 +85,8 @@ class Workload:
     faq_share: float = 0.3
     #: Share of requests that set no max_tokens (the gateway's default applies).
     no_max_tokens_share: float = 0.3
+    #: The max_tokens the other normal requests ask for (one drawn per request).
+    max_tokens_choices: tuple[int, ...] = (128, 256, 512)
     tiers: dict[str, float] = field(
         default_factory=lambda: {"premium": 0.2, "standard": 0.6, "batch": 0.2}
     )
@@ -107,6 +109,8 @@ class Workload:
         for name in ("duration", "ramp", "concurrency", "max_requests"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.max_tokens_choices or any(v < 1 for v in self.max_tokens_choices):
+            problems.append(f"max_tokens choices must be >= 1, got {self.max_tokens_choices}")
         if self.period <= 0 or self.burst_length <= 0:
             problems.append("period and burst length must be positive")
         unknown = set(self.tiers) - set(TIERS)
@@ -184,7 +188,7 @@ def plan_request(rng: random.Random, wl: Workload, model: str) -> PlannedRequest
         kind = "normal"
         question = f"Explain {rng.choice(_TOPICS)} in {rng.choice([2, 3, 5, 8])} paragraphs."
         if rng.random() >= wl.no_max_tokens_share:
-            body["max_tokens"] = rng.choice([128, 256, 512])
+            body["max_tokens"] = rng.choice(wl.max_tokens_choices)
     if stream:
         body["stream_options"] = {"include_usage": True}
     if kind == "faq" or rng.random() < wl.chat_share:
