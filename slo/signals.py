@@ -82,6 +82,9 @@ TTFT_METRIC = "vllm:time_to_first_token_seconds"
 TTFT_QUANTILE = 0.95
 #: Seconds between samples of a signal timeline: the default scrape interval.
 DEFAULT_STEP_S = 15.0
+#: Seconds after a pool's first sample during which targets coming up are the collector
+#: discovering them, not a scale-out (several scrape intervals: every target's first scrape).
+DISCOVERY_S = 60.0
 
 
 def pool_matchers(pool: PoolConfig) -> dict[str, str]:
@@ -236,6 +239,7 @@ def replica_changes(
     horizon_s: float,
     *,
     lookback_s: float = LOOKBACK_DELTA_S,
+    discovery_s: float = DISCOVERY_S,
 ) -> list[ReplicaChange]:
     """Every change, within ``(at_s - horizon_s, at_s]``, of the count of up vLLM targets.
 
@@ -245,10 +249,15 @@ def replica_changes(
     the count at the start of the horizon is known): it changes only at a sample or when a
     sample ages out of the lookback. Oldest first.
 
-    Caveats (both err on the side of waiting longer): the count before the first sample the
-    store holds is taken as 0, so a pool Vigil has just started watching looks freshly scaled
-    out; and ``samples`` drops staleness markers, so a target that vanishes without a failed
-    scrape (``up == 0``) leaves the count only when its last sample ages out.
+    A pool Vigil has just started watching is not a scale-out: when the pool has no sample
+    at all in the read range before its first one (and that range starts more than a
+    lookback earlier), the targets that come up within ``discovery_s`` of that first sample
+    are the collector finding them, and those increases are not reported (a fresh collector
+    would otherwise hold every pool in its scale-out cooldown for its first minutes).
+
+    Caveat (errs on the side of waiting longer): ``samples`` drops staleness markers, so a
+    target that vanishes without a failed scrape (``up == 0``) leaves the count only when its
+    last sample ages out.
     """
     if not (math.isfinite(horizon_s) and horizon_s > 0):
         raise ValueError(f"horizon_s must be > 0 seconds, not {horizon_s!r}")
@@ -272,6 +281,13 @@ def replica_changes(
             if (nxt is None or expiry < nxt) and expiry <= at_ms:
                 events[expiry].append((labels, None))
 
+    firsts = [min(p.ts_ms for p in pts if p.value is not None)
+              for pts in series.values() if any(p.value is not None for p in pts)]
+    read_start_ms = at_ms - duration_ms(horizon_s + lookback_s)
+    discovered_until = -math.inf
+    if firsts and min(firsts) - read_start_ms > life_ms:
+        discovered_until = min(firsts) + duration_ms(discovery_s)
+
     up: dict[Labels, bool] = {}
     count = 0
     changes: list[ReplicaChange] = []
@@ -282,7 +298,8 @@ def replica_changes(
             else:
                 up[labels] = value == 1.0
         new = sum(up.values())
-        if new != count and t > horizon_start_ms:
+        discovery = new > count and t <= discovered_until
+        if new != count and t > horizon_start_ms and not discovery:
             changes.append(ReplicaChange(t / 1000.0, count, new))
         count = new
     return changes

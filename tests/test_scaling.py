@@ -619,13 +619,31 @@ def test_recommend_for_pool_restarts_the_hold_after_a_scale_in(store: Store) -> 
     assert rec.reasons[0].value == pytest.approx(6 * MIN)
 
 
-def test_a_pool_vigil_just_started_watching_waits_out_the_cooldown(store: Store) -> None:
-    for r in ("r1", "r2"):
-        write_replica(store, r, kv=0.95, queue=0, ttft=FAST_TTFT, start=AT - 3 * MIN,
-                      up_from=AT - 3 * MIN)
-    rec = recommend_for_pool(EmbeddedSource(store), config(), POOL, AT)
+def test_a_pool_vigil_just_started_watching_is_not_in_a_scale_out_cooldown(
+    store: Store,
+) -> None:
+    # The collector found both replicas (its first scrapes, 15 s apart): that is discovery,
+    # not a scale-out, so a full KV cache is acted on at once.
+    write_replica(store, "r1", kv=0.95, queue=0, ttft=FAST_TTFT, start=AT - 3 * MIN,
+                  up_from=AT - 3 * MIN)
+    write_replica(store, "r2", kv=0.95, queue=0, ttft=FAST_TTFT, start=AT - 3 * MIN + 15,
+                  up_from=AT - 3 * MIN + 15)
+    source = EmbeddedSource(store)
+    assert last_scale_out_at(source, POOL, AT, 600) is None
+    rec = recommend_for_pool(source, config(), POOL, AT)
+    assert (rec.action, rec.current) == ("scale_out", 2)
+
+
+def test_a_replica_added_after_discovery_is_a_scale_out(store: Store) -> None:
+    write_replica(store, "r1", kv=0.95, queue=0, ttft=FAST_TTFT, start=AT - 4 * MIN,
+                  up_from=AT - 4 * MIN)
+    write_replica(store, "r2", kv=0.95, queue=0, ttft=FAST_TTFT, start=AT - 2 * MIN,
+                  up_from=AT - 2 * MIN)
+    source = EmbeddedSource(store)
+    assert last_scale_out_at(source, POOL, AT, 600) == AT - 2 * MIN
+    rec = recommend_for_pool(source, config(), POOL, AT)
     assert rec.action == "hold"
-    assert rec.next_decision_at == AT - 3 * MIN + 300
+    assert rec.next_decision_at == AT - 2 * MIN + 300
 
 
 def test_pool_signals_timelines_and_empty_pool(store: Store) -> None:
