@@ -100,7 +100,10 @@ def lines(df: pd.DataFrame, *, y_title: str, y_format: str = ".3~f",
     domain_max = top * 1.15 if top > 0 else None
     y_scale = alt.Scale(zero=y_zero, domainMax=domain_max) if domain_max else alt.Scale(
         zero=y_zero)
-    chart = alt.Chart(df).mark_line(interpolate="linear", point=len(df) < 3).encode(
+    # A series of one or two points draws no visible line (a young store, a long range):
+    # mark the points then.
+    sparse = len(df) == 0 or int(df.groupby("series").size().max()) < 3
+    chart = alt.Chart(df).mark_line(interpolate="linear", point=sparse).encode(
         x=alt.X("time:T", title=None, scale=alt.Scale(type="utc"),
                 axis=alt.Axis(format=x_format, values=tick_values, labelOverlap=True)),
         y=alt.Y("value:Q", title=y_title, axis=alt.Axis(format=y_format), scale=y_scale),

@@ -86,17 +86,16 @@ def running_dashboard(config: Path, log: Path) -> Iterator[str]:
             proc.wait()
 
 
-@pytest.mark.slow
-def test_every_page_renders_in_chromium(tmp_path: Path) -> None:
+def check_pages(url: str, shots: Path, profile: Path, prefix: str = "",
+                pages: dict[str, tuple[str, str, int]] = PAGES) -> None:
+    """Open every page of the dashboard at ``url`` in headless chromium, wait until its charts
+    have rendered (polling, never sleeping), fail on a Streamlit exception, a browser error
+    or a request to another host, and save a full-page screenshot of each in ``shots``."""
     from playwright.sync_api import sync_playwright
 
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
-    config = seed_dashboard(tmp_path / "data", gateway=True)
-    shots = artifacts()
-    with running_dashboard(config, tmp_path / "dashboard.log") as url, sync_playwright() as pw:
+    with sync_playwright() as pw:
         browser = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
+            str(profile), executable_path=CHROMIUM, headless=True,
             args=FLAGS, viewport={"width": 1440, "height": 1000})
         try:
             page = browser.new_page()
@@ -109,7 +108,7 @@ def test_every_page_renders_in_chromium(tmp_path: Path) -> None:
             # The dashboard must not make the browser fetch anything from elsewhere.
             page.on("request", lambda r: outside.append(r.url) if r.url.startswith("http")
                     and urlsplit(r.url).hostname not in ("127.0.0.1", "localhost") else None)
-            for path, (title, selector, count) in PAGES.items():
+            for path, (title, selector, count) in pages.items():
                 page.set_viewport_size({"width": 1440, "height": 1000})
                 page.goto(f"{url}/{path}")
                 page.wait_for_function(
@@ -129,11 +128,22 @@ def test_every_page_renders_in_chromium(tmp_path: Path) -> None:
                 page.wait_for_function(
                     "([sel, n]) => document.querySelectorAll(sel).length >= n",
                     arg=[selector, count], timeout=RENDER_TIMEOUT_MS)
-                page.screenshot(path=str(shots / f"{title.lower()}.png"), full_page=True)
+                page.screenshot(path=str(shots / f"{prefix}{title.lower()}.png"),
+                                full_page=True)
             assert not errors, errors
             assert not outside, outside
         finally:
             browser.close()
+
+
+@pytest.mark.slow
+def test_every_page_renders_in_chromium(tmp_path: Path) -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
+    config = seed_dashboard(tmp_path / "data", gateway=True)
+    shots = artifacts()
+    with running_dashboard(config, tmp_path / "dashboard.log") as url:
+        check_pages(url, shots, tmp_path / "chromium-profile")
     assert sorted(p.name for p in shots.glob("*.png")) >= sorted(
         f"{t.lower()}.png" for t, _, _ in PAGES.values())
 
