@@ -6,6 +6,7 @@ tests (tests/test_cache_*.py, real all-MiniLM-L6-v2)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -49,6 +50,20 @@ def _drain(gw: GatewayHandle) -> None:
     gw.call(gw.gateway.cache.drain)
 
 
+def _stores(gw: GatewayHandle) -> int:
+    return int(gw.gateway.cache._cache.stats().stores)
+
+
+def _wait_stored(gw: GatewayHandle, before: int, timeout: float = 10.0) -> None:
+    """Wait until the cache stored one more answer: a stream's store starts after its last
+    chunk went out, so the client may be done before the gateway has begun storing."""
+    deadline = time.monotonic() + timeout
+    while _stores(gw) <= before:
+        assert time.monotonic() < deadline, "the streamed answer was never stored"
+        _drain(gw)
+        time.sleep(0.01)
+
+
 def test_repeat_is_answered_from_the_cache(gw: GatewayHandle, fleet: FleetHandle) -> None:
     client = gw.client(STANDARD)
     first = client.chat.completions.with_raw_response.create(
@@ -89,9 +104,10 @@ def test_hit_streams_back_to_a_streaming_client(gw: GatewayHandle) -> None:
 def test_a_streamed_answer_is_stored_too(gw: GatewayHandle) -> None:
     client = gw.client(STANDARD)
     question = [{"role": "user", "content": "Name three prime numbers."}]
+    before = _stores(gw)
     streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
         model=MODEL, messages=question, temperature=0, max_tokens=7, stream=True) if c.choices)
-    _drain(gw)
+    _wait_stored(gw, before)
     raw = client.chat.completions.with_raw_response.create(
         model=MODEL, messages=question, temperature=0, max_tokens=7)
     assert raw.headers["x-vigil-cache"] == "hit-l1"
