@@ -1,22 +1,45 @@
 """Gateway overhead: latency the gateway adds to streaming requests, and requests/s.
 
-Run: ``.venv/bin/python bench/gateway_bench.py [--streams 1,50,200] [--seconds 15]``
+Run: ``.venv/bin/python bench/gateway_bench.py [--streams 1,50,200] [--seconds 15]
+[--baseline DIR] [--legs direct,before,after] [--rounds 2] [--arrivals spread|lockstep]``, or
+``--compare-clients N`` for the CPU cost of the HTTP clients the gateway could use upstream.
 
-Three processes on loopback: a fast upstream, ``vigil gateway`` in front of it, and this
-script's load generator, which keeps N streams busy (each sends a streaming chat request, reads
-it to its end, sends the next) first straight to the upstream, then through the gateway, and
-compares. Added latency = gateway quantile - direct quantile, for the time to the first body
-bytes (TTFT) and to the end of the stream (e2e). Targets (issue 5): p50 < 1 ms, p99 < 5 ms.
+Separate processes on loopback: a fast upstream, one ``vigil gateway`` per gateway leg in front
+of it, and this script's load generator, which keeps N streams busy (each sends a streaming chat
+request, reads it to its end, sends the next) first straight to the upstream, then through each
+gateway, and compares. Added latency = gateway quantile - direct quantile, for the time to the
+first body bytes (TTFT) and to the end of the stream (e2e). Targets (issue 5): p50 < 1 ms,
+p99 < 5 ms.
+
+Legs: ``direct`` (the upstream itself), ``after`` (this tree's gateway), ``before`` (the gateway
+of the source tree ``--baseline DIR``, e.g. ``git archive <commit> | tar -x -C DIR``, run as it
+ran there: uvloop and httptools hidden, which uvicorn would otherwise pick up by itself),
+``before-fast`` (the same with them), ``after-plain`` (this tree without uvloop and httptools:
+what the gateway costs without the optional speed-ups). All gateways start at once; an idle one
+only polls the upstream every 2 s.
 
 Which upstream and why: neither the simulator nor a uvicorn/starlette app, but a raw asyncio
 HTTP/1.1 server streaming a fixed completion on a fixed schedule (first chunk after ``--ttft``,
 then ``--tokens`` chunks ``--interval`` apart, the usage chunk, ``[DONE]``), with every byte
-prepared in advance. The simulator's step scheduling moves each request's timing by milliseconds,
-which would drown a sub-millisecond difference; a starlette app costs as much CPU per chunk as
-the gateway itself, and on a 2-core machine that CPU is taken from the gateway being measured.
-The load generator is as lean for the same reason: one keep-alive connection per stream,
-prepared request bytes, and no parsing beyond finding the end of the chunked body. The SSE
-chunks have vLLM's shape, so the gateway does all of its usual work on them. Prints Markdown.
+prepared in advance and each write a timer callback (no coroutine per chunk). The simulator's
+step scheduling moves each request's timing by milliseconds, which would drown a
+sub-millisecond difference; a starlette app costs as much CPU per chunk as the gateway itself,
+and on a 2-core machine that CPU is taken from the gateway being measured. The load generator is
+as lean for the same reason: an asyncio protocol per stream (one keep-alive connection each),
+prepared request bytes, and no parsing beyond finding the end of the body. Both run on uvloop
+when it is installed. The SSE chunks have vLLM's shape, so the gateway does all of its usual
+work on them. Each leg reports the CPU each process spent per request (all requests of the leg,
+warm-up included), so a reader can see who took the machine, and the machine's CPU pressure
+(the share of the leg's time in which some task waited for a CPU, Linux PSI): on a shared
+machine, a leg with high pressure measured the neighbours as much as the gateway. Prints
+Markdown.
+
+Arrivals (``--arrivals``): ``spread`` (default) starts the streams evenly over one request's
+duration, so their events arrive spread over time, as independent clients' do; ``lockstep``
+starts them all at once, so each chunk interval brings a burst of one event per stream, the way
+one vLLM replica emits one token for every running sequence at each decode step. A gateway
+relays a burst one event after another: the last of N waits for the N-1 before it, so in
+lockstep the added latency grows with N times the gateway's CPU per event.
 """
 
 from __future__ import annotations
@@ -24,8 +47,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
+import platform
+import resource
 import signal
 import socket
 import statistics
@@ -44,6 +70,32 @@ import httpx  # noqa: E402
 
 MODEL = "bench-model"
 KEY = "sk-bench"
+#: Optional C speed-ups of the gateway's server side (uvicorn's ``loop`` and ``http``).
+SPEEDUPS = ("uvloop", "httptools")
+
+
+def new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop when installed (the leanest load generator and upstream), else
+    asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def loop_name() -> str:
+    """``uvloop`` or ``asyncio``: what ``new_loop`` makes."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
+
+
+def run_async(main: object) -> object:
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        return runner.run(main)  # type: ignore[arg-type]
 
 
 # --- the upstream ----------------------------------------------------------------------------
@@ -58,54 +110,90 @@ def _chunk(delta: dict | None, finish: str | None = None, usage: dict | None = N
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"  # one HTTP/1.1 chunk
 
 
+class _Upstream(asyncio.Protocol):
+    """One connection to the bench upstream: requests in, timed chunks out."""
+
+    def __init__(self, schedule: tuple[bytes, list[bytes], bytes, bytes], metrics: bytes,
+                 interval: float, ttft: float) -> None:
+        self.head, self.words, self.usage, self.done = schedule
+        self.metrics = metrics
+        self.interval = interval
+        self.ttft = ttft
+        self.buf = b""
+        self.transport: asyncio.Transport | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.loop = asyncio.get_running_loop()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end]
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            if len(self.buf) < end + 4 + length:
+                return
+            body = self.buf[end + 4:end + 4 + length]
+            self.buf = self.buf[end + 4 + length:]
+            self.answer(head.split(b" ", 2)[1].split(b"?")[0], body)
+
+    def answer(self, path: bytes, body: bytes) -> None:
+        t = self.transport
+        assert t is not None
+        if path == b"/health":
+            t.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+        elif path == b"/metrics":
+            t.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n"
+                    + f"content-length: {len(self.metrics)}\r\n\r\n".encode() + self.metrics)
+        else:
+            t.write(self.head)
+            # Each chunk at its own time from the request's arrival: a late timer does not
+            # push the chunks after it.
+            start = self.loop.time() + self.ttft
+            self.timer = self.loop.call_at(start, self.step, 0, start,
+                                           b'"include_usage":true' in body)
+
+    def step(self, i: int, start: float, usage: bool) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        if i < len(self.words):
+            t.write(self.words[i])
+            self.timer = self.loop.call_at(start + (i + 1) * self.interval, self.step, i + 1,
+                                           start, usage)
+            return
+        self.timer = None
+        t.write((self.usage if usage else b"") + self.done)
+
+
 async def serve_upstream(port: int, tokens: int, interval: float, ttft: float) -> None:
     """A vLLM-shaped streaming endpoint with a fixed schedule, plus /health and /metrics."""
     head = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
             b"transfer-encoding: chunked\r\n\r\n")
     first = _chunk({"role": "assistant", "content": ""}) + _chunk({"content": " word0"})
-    words = [_chunk({"content": f" word{i}"}, "length" if i == tokens - 1 else None)
-             for i in range(1, tokens)]
+    words = [first] + [_chunk({"content": f" word{i}"}, "length" if i == tokens - 1 else None)
+                       for i in range(1, tokens)]
     usage = _chunk(None, usage={"prompt_tokens": 12, "completion_tokens": tokens,
                                 "total_tokens": 12 + tokens})
     done = b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"  # [DONE] (14 bytes), then the last chunk
     metrics = (f'vllm:kv_cache_usage_perc{{model_name="{MODEL}"}} 0.1\n'
                f'vllm:num_requests_waiting{{model_name="{MODEL}"}} 0\n'
                f'vllm:num_requests_running{{model_name="{MODEL}"}} 1\n').encode()
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head_bytes = await reader.readuntil(b"\r\n\r\n")
-                lines = head_bytes.split(b"\r\n")
-                length = 0
-                for line in lines[1:]:
-                    if line[:15].lower() == b"content-length:":
-                        length = int(line[15:])
-                body = await reader.readexactly(length)
-                path = lines[0].split(b" ")[1].split(b"?")[0]
-                if path == b"/health":
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-                    continue
-                if path == b"/metrics":
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n"
-                                 + f"content-length: {len(metrics)}\r\n\r\n".encode()
-                                 + metrics)
-                    continue
-                writer.write(head)
-                await asyncio.sleep(ttft)
-                writer.write(first)
-                for w in words:
-                    await asyncio.sleep(interval)
-                    writer.write(w)
-                if b'"include_usage":true' in body:
-                    writer.write(usage)
-                writer.write(done)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: _Upstream((head, words, usage, done), metrics, interval, ttft),
+        "127.0.0.1", port, backlog=4096)
     async with server:
         await server.serve_forever()
 
@@ -118,11 +206,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+            err = log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}: {err}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url, timeout=1).status_code == 200:
                 return
@@ -131,15 +220,16 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) ->
 
 
 @contextlib.contextmanager
-def process(args: list[str], health: str, cwd: Path) -> Iterator[subprocess.Popen[bytes]]:
-    # The caller's PYTHONPATH is kept (after the repo): it can add uvloop and httptools, which
-    # uvicorn picks up by itself, to compare.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+def process(args: list[str], health: str, cwd: Path, log: Path, pythonpath: Path = ROOT
+            ) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``args`` until the block ends; up once ``health`` answers 200. stderr goes to
+    ``log`` (a pipe nobody reads could fill up and stall the process); stdout is a pipe for
+    the start line."""
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    with log.open("wb") as err:
+        proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err)
     try:
-        wait_http(health, proc)
+        wait_http(health, proc, log)
         yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -148,13 +238,20 @@ def process(args: list[str], health: str, cwd: Path) -> Iterator[subprocess.Pope
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
-def gateway_config(tmp: Path, upstream: str, port: int) -> Path:
-    import hashlib
-    path = tmp / "vigil.toml"
+#: ``python -c`` program: hide the modules named in argv[1] (comma-separated), then run
+#: ``vigil`` with the rest of argv.
+_LAUNCH = ("import sys\n"
+           "for m in filter(None, sys.argv[1].split(',')): sys.modules[m] = None\n"
+           "from vigil.cli import main\n"
+           "sys.exit(main(sys.argv[2:]))\n")
+
+
+def gateway_config(tmp: Path, name: str, upstream: str, port: int) -> Path:
+    path = tmp / f"vigil-{name}.toml"
     path.write_text(f"""
 [[pools]]
 name = "bench"
@@ -167,7 +264,7 @@ pool = "bench"
 
 [gateway]
 listen = "127.0.0.1:{port}"
-records_path = "{tmp / 'records.db'}"
+records_path = "{tmp / f'records-{name}.db'}"
 
 [[gateway.api_keys]]
 sha256 = "{hashlib.sha256(KEY.encode()).hexdigest()}"
@@ -183,80 +280,170 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_pressure_us() -> float | None:
+    """Microseconds in which some runnable task waited for a CPU since boot (Linux PSI,
+    ``/proc/pressure/cpu``); None where the kernel does not report it."""
+    try:
+        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    return float(line.rsplit("total=", 1)[1])
+
+
+def own_cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 # --- the load ----------------------------------------------------------------------------------
 
 @dataclass
 class Run:
-    target: str
+    leg: str
     streams: int
     ttft: list[float] = field(default_factory=list)
     e2e: list[float] = field(default_factory=list)
     errors: int = 0
     seconds: float = 0.0
-    cpu: float = 0.0
+    #: Requests completed in the whole leg (warm-up included), and each process's CPU seconds
+    #: over it: the load generator, the upstream, the gateway (0 for direct).
+    completed: int = 0
+    cpu: dict[str, float] = field(default_factory=dict)
+    #: Wall seconds of the whole leg, and of them the seconds in which some task on the
+    #: machine waited for a CPU (PSI; None when unknown): how contended the machine was.
+    wall: float = 0.0
+    stalled: float | None = None
 
     @property
     def rps(self) -> float:
         return len(self.e2e) / self.seconds if self.seconds else 0.0
 
+    def merge(self, other: Run) -> None:
+        self.ttft += other.ttft
+        self.e2e += other.e2e
+        self.errors += other.errors
+        self.seconds += other.seconds
+        self.completed += other.completed
+        self.wall += other.wall
+        self.stalled = (None if self.stalled is None or other.stalled is None
+                        else self.stalled + other.stalled)
+        for k, v in other.cpu.items():
+            self.cpu[k] = self.cpu.get(k, 0.0) + v
+
 
 def quantile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
+    if len(values) < 2:
+        return values[0] if values else float("nan")
     return statistics.quantiles(values, n=1000, method="inclusive")[round(q * 1000) - 1]
 
 
-async def load(base: str, streams: int, seconds: float, warmup: float) -> Run:
+class _Stream(asyncio.Protocol):
+    """One load-generator stream: a keep-alive connection sending the next request as soon as
+    the previous answer ended (chunked: ``0\\r\\n\\r\\n``; else its content-length)."""
+
+    END = b"\r\n0\r\n\r\n"
+
+    def __init__(self, run: Run, request: bytes, measure_from: float, stop: float,
+                 finished: asyncio.Future[None], first_at: float) -> None:
+        self.run, self.request = run, request
+        self.measure_from, self.stop = measure_from, stop
+        self.finished = finished
+        self.first_at = first_at
+        self.transport: asyncio.Transport | None = None
+        self.t0 = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        loop = asyncio.get_running_loop()
+        loop.call_at(loop.time() + max(0.0, self.first_at - time.perf_counter()), self.send)
+
+    def send(self) -> None:
+        assert self.transport is not None
+        self.t0 = time.perf_counter()
+        if self.t0 >= self.stop:
+            self.transport.close()
+            return
+        self.head = b""
+        self.head_done = False
+        self.ok = False
+        self.first: float | None = None
+        self.tail = b""
+        self.remaining: int | None = None  # body bytes left when it has a content-length
+        self.transport.write(self.request)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.t0 < self.stop:
+            self.run.errors += 1  # closed in the middle of an answer
+        if not self.finished.done():
+            self.finished.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        if not self.head_done:
+            self.head += data
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head, data = self.head[:end], self.head[end + 4:]
+            self.head_done = True
+            self.ok = head.startswith(b"HTTP/1.1 200")
+            for line in head.split(b"\r\n")[1:]:
+                if line[:15].lower() == b"content-length:":
+                    self.remaining = int(line[15:])
+            if not data and self.remaining != 0:
+                return
+        if self.first is None:
+            self.first = now
+        if self.remaining is not None:
+            self.remaining -= len(data)
+            if self.remaining > 0:
+                return
+        else:
+            self.tail = (self.tail + data)[-len(self.END):]
+            if self.tail != self.END:
+                return
+        self.answered(now)
+
+    def answered(self, end: float) -> None:
+        run = self.run
+        run.completed += 1
+        if self.t0 >= self.measure_from and end <= self.stop:
+            if self.ok:
+                assert self.first is not None
+                run.ttft.append(self.first - self.t0)
+                run.e2e.append(end - self.t0)
+            else:
+                run.errors += 1
+        self.send()
+
+
+async def load(base: str, streams: int, seconds: float, warmup: float, leg: str,
+               stagger: float = 0.0) -> Run:
     """Keep ``streams`` streaming requests going for ``warmup + seconds``; measure the last
-    ``seconds``: time to the first body bytes and to the end of the chunked body."""
-    run = Run(target=base, streams=streams)
+    ``seconds``: time to the first body bytes and to the end of the body. Stream ``i`` sends
+    its first request ``i * stagger / streams`` seconds after the start (0: all at once)."""
+    run = Run(leg=leg, streams=streams, seconds=seconds)
     host, port = base.removeprefix("http://").split(":")
     body = json.dumps({"model": MODEL, "stream": True, "max_tokens": 64,
                        "messages": [{"role": "user", "content": "benchmark"}]}).encode()
     request = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\n"
                f"authorization: Bearer {KEY}\r\ncontent-type: application/json\r\n"
                f"content-length: {len(body)}\r\n\r\n").encode() + body
-    end_of_body = b"\r\n0\r\n\r\n"
+    loop = asyncio.get_running_loop()
     start = time.perf_counter()
     measure_from = start + warmup
     stop = measure_from + seconds
-
-    async def stream() -> None:
-        reader, writer = await asyncio.open_connection(host, int(port))
+    finished = [loop.create_future() for _ in range(streams)]
+    for i, f in enumerate(finished):
+        first_at = start + i * stagger / streams
         try:
-            while True:
-                t0 = time.perf_counter()
-                if t0 >= stop:
-                    return
-                writer.write(request)
-                head = await reader.readuntil(b"\r\n\r\n")
-                ok = head.startswith(b"HTTP/1.1 200")
-                first = None
-                tail = b""
-                while True:
-                    data = await reader.read(65536)
-                    if not data:
-                        raise ConnectionError("closed")
-                    if first is None:
-                        first = time.perf_counter()
-                    tail = (tail + data)[-len(end_of_body):]
-                    if tail == end_of_body:
-                        break
-                end = time.perf_counter()
-                if t0 < measure_from or end > stop:
-                    continue
-                if not ok:
-                    run.errors += 1
-                    continue
-                run.ttft.append(first - t0)
-                run.e2e.append(end - t0)
-        except (ConnectionError, asyncio.IncompleteReadError):
+            await loop.create_connection(
+                lambda f=f, first_at=first_at: _Stream(run, request, measure_from, stop, f,
+                                                       first_at), host, int(port))
+        except OSError:
             run.errors += 1
-        finally:
-            writer.close()
-
-    await asyncio.gather(*(stream() for _ in range(streams)))
-    run.seconds = seconds
+            f.set_result(None)
+    await asyncio.gather(*finished)
     return run
 
 
@@ -264,68 +451,271 @@ def ms(x: float) -> str:
     return f"{x * 1000:.2f}"
 
 
+# --- the HTTP clients, compared -------------------------------------------------------------------
+
+async def client_cost(base: str, name: str, requests: int, concurrency: int) -> float:
+    """CPU seconds this process spends per streamed request read to its end with client
+    ``name`` (``gateway``: serving.gateway.upstream_http; ``httpx``; ``aiohttp``)."""
+    body = json.dumps({"model": MODEL, "stream": True, "max_tokens": 64,
+                       "stream_options": {"include_usage": True},
+                       "messages": [{"role": "user", "content": "benchmark"}]}).encode()
+    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+    path = "/v1/chat/completions"
+    closers = []
+    if name == "gateway":
+        from serving.gateway.upstream_http import ReplicaConnections
+        pool = ReplicaConnections(base, connect_timeout=5, read_timeout=60, keepalive=4,
+                                  headers=headers)
+        closers.append(pool.aclose)
+
+        async def one() -> None:
+            r = await pool.post(path, body)
+            while await r.read():
+                pass
+            r.close()
+    elif name == "httpx":
+        # As the gateway used it before its own client: 16 pools per replica (httpcore's pool
+        # bookkeeping grows with the square of its connections, encode/httpcore#1035).
+        shards = [httpx.AsyncClient(base_url=base, limits=httpx.Limits(
+            max_connections=None, max_keepalive_connections=32)) for _ in range(16)]
+        closers += [c.aclose for c in shards]
+        turn = iter(range(1 << 62))
+
+        async def one() -> None:
+            client = shards[next(turn) % len(shards)]
+            r = await client.send(client.build_request("POST", path, content=body,
+                                                       headers=headers), stream=True)
+            async for _ in r.aiter_raw():
+                pass
+            await r.aclose()
+    else:
+        import aiohttp
+        session = aiohttp.ClientSession(base, connector=aiohttp.TCPConnector(limit=0),
+                                        auto_decompress=False)
+        closers.append(session.close)
+
+        async def one() -> None:
+            async with session.post(path, data=body, headers=headers) as r:
+                async for _ in r.content.iter_any():
+                    pass
+
+    gate = asyncio.Semaphore(concurrency)
+
+    async def limited() -> None:
+        async with gate:
+            await one()
+
+    await one()  # connect first
+    cpu = time.process_time()
+    await asyncio.gather(*(limited() for _ in range(requests)))
+    cpu = time.process_time() - cpu
+    for close in closers:
+        await close()
+    return cpu / requests
+
+
+def compare_clients(args: argparse.Namespace) -> None:
+    """The client comparison that chose the gateway's own client (upstream_http's docstring)."""
+    clients = ["gateway", "httpx"]
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError:
+        print("(aiohttp is not installed: not compared)", file=sys.stderr)
+    else:
+        clients.append("aiohttp")
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        rows = []
+        for tokens in (args.tokens, 1):
+            port = free_port()
+            base = f"http://127.0.0.1:{port}"
+            # A fast schedule: the client's CPU is what is measured, not the waiting.
+            with process([sys.executable, __file__, "--serve-upstream", str(port), "--tokens",
+                          str(tokens), "--interval", "0.002", "--ttft", "0.002"],
+                         f"{base}/health", tmp, tmp / "upstream.log"):
+                for name in clients:
+                    cost = run_async(client_cost(base, name, args.compare_clients, 20))
+                    assert isinstance(cost, float)
+                    rows.append((tokens, name, cost))
+    print(f"| chunks per stream | client | CPU µs per streamed request ({args.compare_clients} "
+          f"requests, 20 at a time, on {loop_name()}) |")
+    print("| ---: | --- | ---: |")
+    for tokens, name, cost in rows:
+        print(f"| {tokens} | {name} | {cost * 1e6:.0f} |")
+
+
+# --- the legs ----------------------------------------------------------------------------------
+
+@dataclass
+class Gateway:
+    """A gateway leg: its name, how it is launched, and (once up) its process."""
+
+    name: str
+    source: Path
+    hidden: tuple[str, ...]
+    url: str = ""
+    proc: subprocess.Popen[bytes] | None = None
+    banner: str = ""
+
+
+def gateway_legs(names: list[str], baseline: Path | None) -> list[Gateway]:
+    legs = []
+    for name in names:
+        if name == "direct":
+            continue
+        if name.startswith("before") and baseline is None:
+            raise SystemExit(f"leg {name!r} needs --baseline DIR")
+        source = baseline if name.startswith("before") and baseline is not None else ROOT
+        hidden = SPEEDUPS if name in ("before", "after-plain") else ()
+        if name not in ("before", "before-fast", "after", "after-plain"):
+            raise SystemExit(f"unknown leg {name!r}")
+        legs.append(Gateway(name, source, hidden))
+    return legs
+
+
+def measure(streams: int, leg: str, base: str, args: argparse.Namespace,
+            pids: dict[str, int]) -> Run:
+    """One leg at one level: the load, and the CPU of each process over it."""
+    before = {k: cpu_seconds(p) for k, p in pids.items()}
+    own = own_cpu_seconds()
+    pressure, wall = cpu_pressure_us(), time.perf_counter()
+    stagger = args.ttft + args.tokens * args.interval if args.arrivals == "spread" else 0.0
+    run = run_async(load(base, streams, args.seconds, args.warmup, leg, stagger))
+    assert isinstance(run, Run)
+    run.cpu = {k: cpu_seconds(p) - before[k] for k, p in pids.items()}
+    run.cpu["loadgen"] = own_cpu_seconds() - own
+    run.wall = time.perf_counter() - wall
+    after = cpu_pressure_us()
+    run.stalled = None if pressure is None or after is None else (after - pressure) / 1e6
+    return run
+
+
+def report(runs: list[Run], gateways: list[Gateway], args: argparse.Namespace,
+           load_avg: tuple[tuple[float, ...], tuple[float, ...]]) -> None:
+    print(f"Machine: {os.cpu_count()} CPUs, load average {load_avg[0][0]:.2f} at the start, "
+          f"{load_avg[1][0]:.2f} at the end (1 min); Python {platform.python_version()}.")
+    print(f"Upstream: fixed schedule, first chunk after {args.ttft * 1000:g} ms, "
+          f"{args.tokens} chunks {args.interval * 1000:g} ms apart; "
+          f"{args.seconds:g} s measured per leg after {args.warmup:g} s warm-up"
+          + (f", {args.rounds} rounds interleaved" if args.rounds > 1 else "")
+          + f"; arrivals {args.arrivals}.")
+    for g in gateways:
+        print(f"Gateway `{g.name}`: {g.source}"
+              + (f" with {', '.join(g.hidden)} hidden" if g.hidden else "")
+              + (f" ({g.banner})" if g.banner else "") + ".")
+    print()
+    print("| streams | leg | req/s | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | e2e p99 ms "
+          "| errors | CPU ms/req gateway | upstream | load gen | CPU pressure |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in runs:
+        n = max(1, r.completed)
+
+        def per_req(key: str, r: Run = r, n: int = n) -> str:
+            return f"{r.cpu[key] / n * 1000:.2f}" if key in r.cpu else ""
+
+        pressure = "" if r.stalled is None or not r.wall else f"{r.stalled / r.wall:.0%}"
+        print(f"| {r.streams} | {r.leg} | {r.rps:.1f} | {ms(quantile(r.ttft, .5))} | "
+              f"{ms(quantile(r.ttft, .99))} | {ms(quantile(r.e2e, .5))} | "
+              f"{ms(quantile(r.e2e, .99))} | {r.errors} | {per_req('gateway')} | "
+              f"{per_req('upstream')} | {per_req('loadgen')} | {pressure} |")
+    print("\n| streams | leg | added TTFT p50 ms | added TTFT p99 ms | added e2e p50 ms "
+          "| added e2e p99 ms | target p50 < 1 ms, p99 < 5 ms |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | --- |")
+    direct = {r.streams: r for r in runs if r.leg == "direct"}
+    for via in runs:
+        base = direct.get(via.streams)
+        if via.leg == "direct" or base is None:
+            continue
+        added = [quantile(via.ttft, .5) - quantile(base.ttft, .5),
+                 quantile(via.ttft, .99) - quantile(base.ttft, .99),
+                 quantile(via.e2e, .5) - quantile(base.e2e, .5),
+                 quantile(via.e2e, .99) - quantile(base.e2e, .99)]
+        met = all(a < 0.001 for a in added[::2]) and all(a < 0.005 for a in added[1::2])
+        print(f"| {via.streams} | {via.leg} | " + " | ".join(ms(a) for a in added)
+              + f" | {'met' if met else 'not met'} |")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--streams", default="1,50,200",
                    help="concurrent streams, comma-separated (1: the uncontended cost)")
+    p.add_argument("--legs", default=None,
+                   help="comma-separated: direct, before, before-fast, after, after-plain "
+                        "(default: direct,before,after with --baseline, else direct,after)")
+    p.add_argument("--baseline", type=Path, default=None, metavar="DIR",
+                   help="source tree of the gateway to compare against (legs before*)")
     p.add_argument("--seconds", type=float, default=15.0, help="measured seconds per leg")
     p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds per leg")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="repeat each level's legs this many times, interleaved, and pool them "
+                        "(spreads a change in the machine's load over all legs)")
+    p.add_argument("--arrivals", choices=("spread", "lockstep"), default="spread",
+                   help="spread: the streams start evenly over one request's duration, so "
+                        "their events arrive spread over time; lockstep: all start at once, "
+                        "so every chunk interval brings a burst of one event per stream")
     p.add_argument("--tokens", type=int, default=20, help="content chunks per stream")
     p.add_argument("--interval", type=float, default=0.05,
                    help="seconds between chunks (0.05: 20 tokens/s, a busy vLLM's pace)")
     p.add_argument("--ttft", type=float, default=0.05, help="upstream seconds to first chunk")
+    p.add_argument("--compare-clients", type=int, default=0, metavar="N",
+                   help="instead: the CPU per streamed request of the gateway's HTTP client, "
+                        "httpx and aiohttp (if installed), over N requests each")
     p.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.compare_clients:
+        compare_clients(args)
+        return 0
     if args.serve_upstream:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(serve_upstream(args.serve_upstream, args.tokens, args.interval,
-                                       args.ttft))
+            run_async(serve_upstream(args.serve_upstream, args.tokens, args.interval,
+                                     args.ttft))
         return 0
 
     levels = [int(x) for x in args.streams.split(",")]
-    runs: list[Run] = []
-    with tempfile.TemporaryDirectory() as tmp_name:
+    legs = (args.legs.split(",") if args.legs else
+            ["direct", "before", "after"] if args.baseline else ["direct", "after"])
+    gateways = gateway_legs(legs, args.baseline.resolve() if args.baseline else None)
+    by_name = {g.name: g for g in gateways}
+    load_start = os.getloadavg()
+    runs: dict[tuple[int, str], Run] = {}
+    with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)
-        up_port, gw_port = free_port(), free_port()
+        up_port = free_port()
         upstream = f"http://127.0.0.1:{up_port}"
-        gateway = f"http://127.0.0.1:{gw_port}"
-        config = gateway_config(tmp, upstream, gw_port)
-        with process([sys.executable, __file__, "--serve-upstream", str(up_port),
-                      "--tokens", str(args.tokens), "--interval", str(args.interval),
-                      "--ttft", str(args.ttft)], f"{upstream}/health", tmp), \
-                process([sys.executable, "-m", "vigil.cli", "gateway", "--config", str(config)],
-                        f"{gateway}/health", tmp) as gw_proc:
-            for streams in levels:
-                for name, base in (("direct", upstream), ("gateway", gateway)):
-                    cpu0 = cpu_seconds(gw_proc.pid)
-                    run = asyncio.run(load(base, streams, args.seconds, args.warmup))
-                    run.target = name
-                    run.cpu = cpu_seconds(gw_proc.pid) - cpu0
-                    runs.append(run)
-                    print(f"  {streams} streams {name}: {len(run.e2e)} requests, "
-                          f"{run.errors} errors", file=sys.stderr, flush=True)
-
-    print(f"Upstream: fixed schedule, first chunk after {args.ttft * 1000:g} ms, "
-          f"{args.tokens} chunks {args.interval * 1000:g} ms apart; "
-          f"{args.seconds:g} s measured per leg after {args.warmup:g} s warm-up.\n")
-    print("| streams | path | req/s | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | e2e p99 ms "
-          "| errors | gateway CPU s / 1k req |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for r in runs:
-        cpu = f"{r.cpu / len(r.e2e) * 1000:.2f}" if r.target == "gateway" and r.e2e else ""
-        print(f"| {r.streams} | {r.target} | {r.rps:.1f} | {ms(quantile(r.ttft, .5))} | "
-              f"{ms(quantile(r.ttft, .99))} | {ms(quantile(r.e2e, .5))} | "
-              f"{ms(quantile(r.e2e, .99))} | {r.errors} | {cpu} |")
-    print("\n| streams | added TTFT p50 ms | added TTFT p99 ms | added e2e p50 ms "
-          "| added e2e p99 ms | target p50 < 1 ms, p99 < 5 ms |")
-    print("| ---: | ---: | ---: | ---: | ---: | --- |")
-    for direct, via in zip(runs[::2], runs[1::2], strict=True):
-        added = [quantile(via.ttft, .5) - quantile(direct.ttft, .5),
-                 quantile(via.ttft, .99) - quantile(direct.ttft, .99),
-                 quantile(via.e2e, .5) - quantile(direct.e2e, .5),
-                 quantile(via.e2e, .99) - quantile(direct.e2e, .99)]
-        met = "met" if added[0] < 0.001 and added[1] < 0.005 else "not met"
-        print(f"| {direct.streams} | " + " | ".join(ms(a) for a in added) + f" | {met} |")
+        up_proc = stack.enter_context(process(
+            [sys.executable, __file__, "--serve-upstream", str(up_port), "--tokens",
+             str(args.tokens), "--interval", str(args.interval), "--ttft", str(args.ttft)],
+            f"{upstream}/health", tmp, tmp / "upstream.log"))
+        for g in gateways:
+            port = free_port()
+            g.url = f"http://127.0.0.1:{port}"
+            config = gateway_config(tmp, g.name, upstream, port)
+            g.proc = stack.enter_context(process(
+                [sys.executable, "-c", _LAUNCH, ",".join(g.hidden), "gateway", "--config",
+                 str(config)], f"{g.url}/health", tmp, tmp / f"{g.name}.log",
+                pythonpath=g.source))
+        for g in gateways:  # the start line says which loop and parser it runs on
+            assert g.proc is not None and g.proc.stdout is not None
+            g.banner = g.proc.stdout.readline().decode().strip().rpartition("; ")[2]
+            g.banner = g.banner.removesuffix(" (Ctrl-C stops)") if " + " in g.banner else ""
+        for streams in levels:
+            for _ in range(args.rounds):
+                for leg in legs:
+                    gw = by_name.get(leg)
+                    pids = {"upstream": up_proc.pid}
+                    if gw is not None:
+                        assert gw.proc is not None
+                        pids["gateway"] = gw.proc.pid
+                    run = measure(streams, leg, gw.url if gw else upstream, args, pids)
+                    key = (streams, leg)
+                    if key in runs:
+                        runs[key].merge(run)
+                    else:
+                        runs[key] = run
+                    print(f"  {streams} streams {leg}: {len(run.e2e)} requests, "
+                          f"{run.errors} errors, load average {os.getloadavg()[0]:.2f}",
+                          file=sys.stderr, flush=True)
+    report(list(runs.values()), gateways, args, (load_start, os.getloadavg()))
     return 0
 
 

@@ -5,6 +5,11 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embe
 and the batch queue's ``/v1/files`` and ``/v1/batches`` when ``serving.gateway.batch`` is
 present. Every error, including unknown paths and wrong methods, is an OpenAI-style JSON body.
 
+The three proxy endpoints are raw ASGI (``Gateway.handle``): ``GatewayApp`` hands their POSTs
+over before FastAPI's middleware and routing, whose per-request work the hot path does not need
+(``asgi`` says why no Response objects either). Their routes are still registered, so another
+method gets FastAPI's 405 like every other path.
+
 The lifespan opens the records database, polls the replicas once, starts the batch queue's
 release loop, and closes all of it on shutdown.
 """
@@ -15,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from functools import partial
 from typing import Any
 
 from fastapi import FastAPI
@@ -24,6 +28,8 @@ from prometheus_client.exposition import choose_encoder
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from serving.gateway.errors import BadRequest, NotFound, error_body
 from serving.gateway.pipeline import Gateway
@@ -38,9 +44,39 @@ from vigil.conventions import (
 )
 from vigil.errors import GatewayError
 
-__all__ = ["create_app"]
+__all__ = ["GatewayApp", "ProxyEndpoint", "create_app"]
 
 log = logging.getLogger("vigil.gateway")
+
+
+class ProxyEndpoint:
+    """One proxy endpoint (``chat``, ``completions``, ``embeddings``) as an ASGI app."""
+
+    __slots__ = ("endpoint", "gateway")
+
+    def __init__(self, gateway: Gateway, endpoint: str) -> None:
+        self.gateway = gateway
+        self.endpoint = endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.gateway.handle(scope, receive, send, self.endpoint)
+
+
+class GatewayApp(FastAPI):
+    """FastAPI with a short way in for the proxy endpoints' POSTs (see the module docstring)."""
+
+    def __init__(self, *, proxy: dict[str, ProxyEndpoint], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        #: path -> endpoint, for POST.
+        self.proxy = proxy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = self.proxy.get(scope["path"])
+            if endpoint is not None:
+                await endpoint(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
 
 
 def _batch_queue(gateway: Gateway, cfg: Config, clock: Clock) -> Any:
@@ -61,7 +97,7 @@ def _batch_queue(gateway: Gateway, cfg: Config, clock: Clock) -> Any:
 
 
 def create_app(cfg: Config, *, clock: Clock = system_clock, cache: Any = None,
-               batch: bool = True, gateway: Gateway | None = None) -> FastAPI:
+               batch: bool = True, gateway: Gateway | None = None) -> GatewayApp:
     """The gateway app for ``cfg``. ``cache`` injects a ``SemanticCache`` (else built from
     ``[gateway.cache]``); ``batch=False`` leaves the batch queue out."""
     gw = gateway or Gateway(cfg, clock=clock, cache=cache)
@@ -83,8 +119,10 @@ def create_app(cfg: Config, *, clock: Clock = system_clock, cache: Any = None,
                 queue.close()
             await gw.aclose()
 
-    app = FastAPI(title="Vigil gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    proxy = {ENDPOINT_PATHS[e]: ProxyEndpoint(gw, e)
+             for e in (ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS)}
+    app = GatewayApp(proxy=proxy, title="Vigil gateway", lifespan=lifespan, docs_url=None,
+                     redoc_url=None, openapi_url=None)
     app.state.gateway = gw
 
     @app.exception_handler(GatewayError)
@@ -116,11 +154,10 @@ def create_app(cfg: Config, *, clock: Clock = system_clock, cache: Any = None,
                            status=500, type="server_error", code="internal_error")
         return JSONResponse(error_body(err), status_code=500)
 
-    # The hot path is a plain Starlette route: the handler reads the raw request itself, so
-    # FastAPI's per-request dependency and body machinery would only add time.
-    for endpoint in (ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS):
-        app.add_route(ENDPOINT_PATHS[endpoint], partial(gw.handle, endpoint=endpoint),
-                      methods=["POST"])
+    # Reached only by other methods (405): GatewayApp takes the POSTs first.
+    for path, endpoint in proxy.items():
+        app.router.routes.append(Route(path, endpoint, methods=["POST"],
+                                       include_in_schema=False))
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:

@@ -1,94 +1,115 @@
-"""The client side of a request: its body read with a bound, and noticing that it left.
+"""The client side of a request, over raw ASGI: its body read with a bound, and noticing that
+it left.
 
 ``read_body`` never holds more than ``limit`` bytes: past the limit it keeps reading only to
 discard (up to ``DRAIN_LIMIT``), so a client that sends a 10 MB body gets its 413 instead of a
 connection reset in the middle of its upload, and a client that sends more than that is cut off.
 
-``until_done_or_gone`` races an upstream exchange against the client's ``http.disconnect``:
-Starlette notices a disconnect only while it streams a response, and the gateway must cancel
-the upstream request as soon as the client goes, before any response exists (vLLM's own
-``with_cancellation`` does the same).
+``DisconnectWatch`` cancels the request's task as soon as the client's ``http.disconnect``
+arrives: the gateway must cancel the upstream request the moment the client goes, whether it is
+waiting for admission, for the upstream's headers, or in the middle of relaying a stream (vLLM's
+own ``with_cancellation`` does the same). One watcher task per request covers all three; the
+request's own task does all the work (no task group, no task per response).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import TypeVar
+from collections.abc import Iterable
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.types import Receive
 
 from serving.gateway.errors import BodyTooLarge
 
-__all__ = ["DRAIN_LIMIT", "ClientGone", "read_body", "until_done_or_gone"]
+__all__ = ["DRAIN_LIMIT", "ClientGone", "DisconnectWatch", "header", "read_body"]
 
 #: Past the body limit, at most this many bytes are read (and discarded) before giving up.
 DRAIN_LIMIT = 64 * 1024 * 1024
-
-_T = TypeVar("_T")
 
 
 class ClientGone(Exception):
     """The client disconnected before the gateway answered."""
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """The first value of header ``name`` (lower case, as ASGI gives names) in an ASGI
+    ``scope["headers"]`` list, decoded as latin-1 (HTTP's bytes, unchanged); None if absent."""
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def read_body(receive: Receive, content_length: str | None, limit: int) -> bytes:
     """The request body; ``BodyTooLarge`` (413) past ``limit`` bytes, ``ClientGone`` if the
-    client disconnects while sending it."""
-    declared = request.headers.get("content-length", "")
-    too_large = declared.isdigit() and int(declared) > limit
+    client disconnects while sending it. ``content_length`` is the header's value, if any."""
+    too_large = content_length is not None and content_length.isdigit() and \
+        int(content_length) > limit
     chunks: list[bytes] = []
     size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if too_large or size > limit:
-                too_large = True
-                chunks.clear()  # never hold more than the limit
-                if size > DRAIN_LIMIT:
-                    break
-            else:
-                chunks.append(chunk)
-    except ClientDisconnect:
-        raise ClientGone() from None
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        body: bytes = message.get("body", b"")
+        size += len(body)
+        if too_large or size > limit:
+            too_large = True
+            chunks.clear()  # never hold more than the limit
+            if size > DRAIN_LIMIT:
+                break
+        elif body:
+            chunks.append(body)
+        if not message.get("more_body", False):
+            break
     if too_large:
         raise BodyTooLarge(limit)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def _disconnected(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
-async def until_done_or_gone(work: Awaitable[_T], request: Request | None) -> _T:
-    """The result of ``work``, or ``ClientGone`` as soon as the client disconnects (``work`` is
-    then cancelled where it stands, so whatever it held upstream is closed on return).
+class DisconnectWatch:
+    """Cancels the task that creates it when the client disconnects, until ``stop()``.
 
-    ``work`` runs in the caller's task; one watcher task listens for the disconnect and cancels
-    the caller (one task per request instead of two and an ``asyncio.wait``: this is the hot
-    path)."""
-    if request is None:
-        return await work
-    caller = asyncio.current_task()
-    assert caller is not None  # always called from a task
-    gone = asyncio.ensure_future(_disconnected(request))
-    waiting = True  # a callback already scheduled must not cancel the caller after the work
+    Made after the body is read (the watcher then owns ``receive``). The watched task wraps its
+    work in ``try: ... except asyncio.CancelledError: if not watch.claim(): raise`` and
+    ``finally: watch.stop()``: ``claim()`` tells the client's leaving (the cancellation is then
+    withdrawn) from any other cancellation (a server shutdown), which must go on.
+    """
 
-    def cancel_caller(task: asyncio.Future[None]) -> None:
-        if waiting and not task.cancelled() and task.exception() is None:
-            caller.cancel()
+    __slots__ = ("_active", "_caller", "_fired", "_task")
 
-    gone.add_done_callback(cancel_caller)
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if gone.done() and not gone.cancelled():
-            caller.uncancel()  # our own cancellation: the client left
-            raise ClientGone() from None
-        raise
-    finally:
-        waiting = False
-        gone.cancel()
+    def __init__(self, receive: Receive) -> None:
+        caller = asyncio.current_task()
+        if caller is None:
+            raise RuntimeError("DisconnectWatch must be made inside a task")
+        self._caller = caller
+        self._active = True
+        self._fired = False
+        self._task = asyncio.ensure_future(_until_disconnect(receive))
+        self._task.add_done_callback(self._on_done)
+
+    def _on_done(self, task: asyncio.Future[None]) -> None:
+        # ``_active`` matters: the watcher may finish in the same loop turn as the work (uvicorn
+        # answers ``receive()`` with a disconnect once the response is complete).
+        if self._active and not task.cancelled() and task.exception() is None:
+            self._fired = True
+            self._caller.cancel()
+
+    def claim(self) -> bool:
+        """Call on ``CancelledError``: True when it is this watch's (the client left); the
+        task's cancellation is then withdrawn, so it can record the cancel and return."""
+        if not self._fired:
+            return False
+        self._fired = False
+        self._caller.uncancel()
+        return True
+
+    def stop(self) -> None:
+        """Stop watching (the response is complete, or the work is over)."""
+        self._active = False
+        self._task.cancel()

@@ -4,11 +4,16 @@ Counters and histograms are updated as requests finish; gauges that describe a c
 (queue depth per tier, replica health, outstanding requests, KV usage, dropped records) are read
 at scrape time by ``_StateCollector`` from the objects that hold that state, so nothing has to
 keep them in sync. Names and labels are in ``vigil.conventions`` (Gateway section).
+
+Each labelled series is reached through ``Family.labels``, which remembers its children:
+prometheus_client's own ``labels`` takes a lock and checks the label values on every call, and
+every request asks for the same few children again (half a dozen per request on the hot path).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -46,7 +51,9 @@ from vigil.conventions import (
     METRIC_GW_UPSTREAM_ERRORS,
 )
 
-__all__ = ["GatewayMetrics"]
+__all__ = ["Family", "GatewayMetrics"]
+
+_M = TypeVar("_M", Counter, Histogram)
 
 #: Cache lookups take milliseconds (embedding + search), not seconds.
 _CACHE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -55,6 +62,23 @@ _QUEUE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: Sources of the scrape-time gauges: queue depth by (pool, tier), the replicas, dropped
 #: records.
 QueueDepth = Callable[[], Mapping[tuple[str, str], int]]
+
+
+class Family(Generic[_M]):
+    """A labelled metric whose children are looked up once per label values."""
+
+    __slots__ = ("_children", "metric")
+
+    def __init__(self, metric: _M) -> None:
+        self.metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def labels(self, *values: str) -> Any:
+        """The child for ``values`` (in the metric's label order), as ``metric.labels``."""
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.metric.labels(*values)
+        return child
 
 
 class _StateCollector(Collector):
@@ -96,38 +120,41 @@ class GatewayMetrics:
                  dropped: Callable[[], int], registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.requests = Counter(METRIC_GW_REQUESTS, "Finished requests by tier and HTTP status.",
-                                [LABEL_POOL, LABEL_TIER, LABEL_ENDPOINT, LABEL_STATUS],
-                                registry=r)
-        self.ttft = Histogram(METRIC_GW_TTFT, "Time to first token seen at the gateway "
-                              "(streaming requests), seconds.", [LABEL_POOL, LABEL_TIER],
-                              buckets=GATEWAY_LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram(METRIC_GW_E2E, "End-to-end latency of served requests at the "
-                             "gateway, seconds.", [LABEL_POOL, LABEL_TIER],
-                             buckets=GATEWAY_LATENCY_BUCKETS, registry=r)
-        self.queue_wait = Histogram(METRIC_GW_QUEUE_WAIT, "Time waited at the gateway's "
-                                    "admission before going upstream, seconds.",
-                                    [LABEL_POOL, LABEL_TIER], buckets=_QUEUE_BUCKETS,
-                                    registry=r)
-        self.tokens = Counter(METRIC_GW_TOKENS, "Tokens of served requests.",
-                              [LABEL_POOL, LABEL_TIER, LABEL_TOKEN_TYPE], registry=r)
-        self.cache_lookups = Counter(METRIC_GW_CACHE_LOOKUPS, "Semantic cache outcomes: "
-                                     "hit_l1, hit_l2, miss, bypass.",
-                                     [LABEL_POOL, LABEL_RESULT], registry=r)
-        self.cache_seconds = Histogram(METRIC_GW_CACHE_LOOKUP_SECONDS, "Semantic cache lookup "
-                                       "latency, seconds.", [LABEL_POOL],
-                                       buckets=_CACHE_BUCKETS, registry=r)
-        self.rejections = Counter(METRIC_GW_REJECTIONS, "Requests refused by the gateway.",
-                                  [LABEL_POOL, LABEL_TIER, LABEL_REASON], registry=r)
-        self.cancellations = Counter(METRIC_GW_CANCELLATIONS, "Requests whose client went away "
-                                     "(the upstream request was cancelled).",
-                                     [LABEL_POOL, LABEL_TIER, LABEL_PHASE], registry=r)
-        self.upstream_errors = Counter(METRIC_GW_UPSTREAM_ERRORS, "Upstream failures: "
-                                       "timeout, upstream_5xx, oom.",
-                                       [LABEL_POOL, LABEL_REPLICA, LABEL_ERROR_CLASS],
-                                       registry=r)
-        self.cost = Counter(METRIC_GW_COST, "GPU cost attributed to requests (USD).",
-                            [LABEL_POOL, LABEL_TIER], registry=r)
-        self.saved = Counter(METRIC_GW_SAVED, "GPU cost the semantic cache saved (USD).",
-                             [LABEL_POOL, LABEL_TIER], registry=r)
+        self.requests = Family(Counter(
+            METRIC_GW_REQUESTS, "Finished requests by tier and HTTP status.",
+            [LABEL_POOL, LABEL_TIER, LABEL_ENDPOINT, LABEL_STATUS], registry=r))
+        self.ttft = Family(Histogram(
+            METRIC_GW_TTFT, "Time to first token seen at the gateway (streaming requests), "
+            "seconds.", [LABEL_POOL, LABEL_TIER], buckets=GATEWAY_LATENCY_BUCKETS, registry=r))
+        self.e2e = Family(Histogram(
+            METRIC_GW_E2E, "End-to-end latency of served requests at the gateway, seconds.",
+            [LABEL_POOL, LABEL_TIER], buckets=GATEWAY_LATENCY_BUCKETS, registry=r))
+        self.queue_wait = Family(Histogram(
+            METRIC_GW_QUEUE_WAIT, "Time waited at the gateway's admission before going "
+            "upstream, seconds.", [LABEL_POOL, LABEL_TIER], buckets=_QUEUE_BUCKETS,
+            registry=r))
+        self.tokens = Family(Counter(
+            METRIC_GW_TOKENS, "Tokens of served requests.",
+            [LABEL_POOL, LABEL_TIER, LABEL_TOKEN_TYPE], registry=r))
+        self.cache_lookups = Family(Counter(
+            METRIC_GW_CACHE_LOOKUPS, "Semantic cache outcomes: hit_l1, hit_l2, miss, bypass.",
+            [LABEL_POOL, LABEL_RESULT], registry=r))
+        self.cache_seconds = Family(Histogram(
+            METRIC_GW_CACHE_LOOKUP_SECONDS, "Semantic cache lookup latency, seconds.",
+            [LABEL_POOL], buckets=_CACHE_BUCKETS, registry=r))
+        self.rejections = Family(Counter(
+            METRIC_GW_REJECTIONS, "Requests refused by the gateway.",
+            [LABEL_POOL, LABEL_TIER, LABEL_REASON], registry=r))
+        self.cancellations = Family(Counter(
+            METRIC_GW_CANCELLATIONS, "Requests whose client went away (the upstream request "
+            "was cancelled).", [LABEL_POOL, LABEL_TIER, LABEL_PHASE], registry=r))
+        self.upstream_errors = Family(Counter(
+            METRIC_GW_UPSTREAM_ERRORS, "Upstream failures: timeout, upstream_5xx, oom.",
+            [LABEL_POOL, LABEL_REPLICA, LABEL_ERROR_CLASS], registry=r))
+        self.cost = Family(Counter(
+            METRIC_GW_COST, "GPU cost attributed to requests (USD).", [LABEL_POOL, LABEL_TIER],
+            registry=r))
+        self.saved = Family(Counter(
+            METRIC_GW_SAVED, "GPU cost the semantic cache saved (USD).",
+            [LABEL_POOL, LABEL_TIER], registry=r))
         r.register(_StateCollector(depth, replicas, dropped))

@@ -18,21 +18,27 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.datastructures import Headers
+from starlette.types import Receive, Scope, Send
 
 from serving.gateway.accounting import gpu_cost_per_second
 from serving.gateway.admission import Admission
+from serving.gateway.asgi import (
+    CONTENT_SSE,
+    raw_headers,
+    send_body,
+    send_json,
+    send_start,
+)
 from serving.gateway.auth import KeyRing
 from serving.gateway.caching import CacheBridge
-from serving.gateway.client_io import ClientGone, read_body, until_done_or_gone
+from serving.gateway.client_io import ClientGone, DisconnectWatch, header, read_body
 from serving.gateway.errors import (
     BodyTooLarge,
     ModelNotFound,
@@ -49,7 +55,7 @@ from serving.gateway.proxy import Charge, Forwarder, OpenStream, UpstreamReply, 
 from serving.gateway.records import GatewayRecord, RecordWriter
 from serving.gateway.request import Incoming, parse_body, validate
 from serving.gateway.sse import StreamTally
-from serving.gateway.streaming import RelayResponse, StreamOutcome, relay
+from serving.gateway.streaming import relay
 from serving.gateway.types import TIER_PRIORITY, Caller
 from serving.gateway.upstreams import Replica, Upstreams
 from vigil.clock import Clock, system_clock
@@ -60,6 +66,7 @@ from vigil.conventions import (
     ERROR_CLIENT_CANCEL,
     ERROR_SERVER_CLASSES,
     ERROR_UPSTREAM_4XX,
+    ERROR_UPSTREAM_5XX,
     HEADER_CACHE,
     HEADER_MAX_TOKENS,
     HEADER_REPLICA,
@@ -83,11 +90,19 @@ from vigil.conventions import (
 )
 from vigil.errors import GatewayError
 
-__all__ = ["Call", "Gateway"]
+__all__ = ["Call", "Gateway", "new_request_id"]
 
 log = logging.getLogger("vigil.gateway")
 
 _MESSAGE_CHARS = 500
+#: Request ids: 128 random bits. Not ``uuid4``: its ``os.urandom`` is a system call per request,
+#: and an id needs to be unique, not unpredictable (``random`` is seeded from the OS once).
+_ids = random.Random()
+
+
+def new_request_id() -> str:
+    """A fresh ``vgl-<32 hex>`` request id."""
+    return f"{REQUEST_ID_PREFIX}{_ids.getrandbits(128):032x}"
 
 
 @dataclass(slots=True)
@@ -112,6 +127,10 @@ class Call:
     batch_id: str = ""
     #: The replica it ran on and the replica time it is charged for.
     charge: Charge = field(default_factory=Charge)
+    #: The response has started (an error can no longer be answered, only recorded).
+    responded: bool = False
+    #: The record is queued (exactly one per request).
+    recorded: bool = False
 
     @property
     def tier(self) -> str:
@@ -238,23 +257,33 @@ class Gateway:
                 depth[key] = depth.get(key, 0) + int(self.batch_depth(p.name))
         return depth
 
-    # --- HTTP -----------------------------------------------------------------------------
+    # --- HTTP (raw ASGI: see asgi.py for why) ---------------------------------------------
 
-    async def handle(self, request: Request, endpoint: str) -> Response:
+    async def handle(self, scope: Scope, receive: Receive, send: Send, endpoint: str) -> None:
         """Serve one POST to ``/v1/chat/completions``, ``/v1/completions`` or
-        ``/v1/embeddings`` (``endpoint`` "chat", "completions", "embeddings")."""
-        call = Call(id=REQUEST_ID_PREFIX + uuid.uuid4().hex, endpoint=endpoint,
+        ``/v1/embeddings`` (``endpoint`` "chat", "completions", "embeddings"), as an ASGI app."""
+        call = Call(id=new_request_id(), endpoint=endpoint,
                     start_s=self._clock(), t0=time.perf_counter())
+        headers = scope["headers"]
         try:
-            raw = await read_body(request, self.cfg.gateway.max_body_bytes)
-            call.caller = self.keys.authenticate(request.headers.get("authorization"))
+            raw = await read_body(receive, header(headers, b"content-length"),
+                                  self.cfg.gateway.max_body_bytes)
+            call.caller = self.keys.authenticate(header(headers, b"authorization"))
             incoming = self.prepare(call, raw=raw)
-            return await self._serve(call, incoming, request)
+            await self._serve(call, incoming, scope, receive, send)
         except GatewayError as exc:
-            return self._refused(call, exc)
+            await self._refused(call, exc, send)
         except ClientGone:
             self._cancelled(call, first_token=False)
-            return Response(status_code=STATUS_CLIENT_CLOSED)
+            await send_body(send, STATUS_CLIENT_CLOSED, b"", None, [])
+        except Exception as exc:  # a bug: answer like the app's own handler, and record it
+            log.exception("unexpected error on %s %s", scope["method"], scope["path"])
+            # Recorded as a server-side failure (the only 5xx class there is), so the SLOs
+            # count it; the message names the exception.
+            await self._refused(call, GatewayError(
+                "The gateway failed on this request; it has been logged.", status=500,
+                type="server_error", code="internal_error", error_class=ERROR_UPSTREAM_5XX),
+                send, message=f"{type(exc).__name__}: {exc}")
 
     def prepare(self, call: Call, *, raw: bytes | None = None,
                 body: dict[str, Any] | None = None) -> Incoming:
@@ -280,16 +309,31 @@ class Gateway:
                                            default=gw.default_max_tokens, over_cap=gw.over_cap)
         return incoming
 
-    async def _serve(self, call: Call, incoming: Incoming, request: Request) -> Response:
+    async def _serve(self, call: Call, incoming: Incoming, scope: Scope, receive: Receive,
+                     send: Send) -> None:
         if call.endpoint != ENDPOINT_EMBEDDINGS and self.cache.enabled:
-            hit = await self._cache_lookup(call, incoming.body, request.headers)
+            hit = await self._cache_lookup(call, incoming.body, Headers(scope=scope))
             if hit is not None:
-                return self._cache_hit_response(call, hit)
-        # A client that leaves while it waits for admission or for the upstream cancels both.
-        answer = await until_done_or_gone(self._admit_and_send(call, incoming.body), request)
+                await self._cache_hit_response(call, hit, send)
+                return
+        # A client that leaves while it waits for admission, for the upstream, or in the middle
+        # of the stream cancels it all.
+        watch = DisconnectWatch(receive)
+        try:
+            answer = await self._admit_and_send(call, incoming.body)
+        except asyncio.CancelledError:
+            watch.stop()
+            if watch.claim():
+                raise ClientGone() from None
+            raise
+        except BaseException:
+            watch.stop()
+            raise
         if isinstance(answer, UpstreamReply):
-            return self._unary_response(call, answer)
-        return self._stream_response(call, answer)
+            watch.stop()
+            await self._unary_response(call, answer, send)
+        else:
+            await self._stream(call, answer, send, watch)
 
     async def _admit_and_send(self, call: Call, body: dict[str, Any]
                               ) -> UpstreamReply | OpenStream:
@@ -325,7 +369,7 @@ class Gateway:
         """``BatchQueue``'s ``send``: one queued request through the non-streaming path at the
         batch tier's priority (no admission wait: the queue released it on headroom), recorded
         with its batch id. Returns (HTTP status, JSON body); errors are OpenAI error bodies."""
-        call = Call(id=REQUEST_ID_PREFIX + uuid.uuid4().hex, endpoint=item.endpoint,
+        call = Call(id=new_request_id(), endpoint=item.endpoint,
                     start_s=self._clock(), t0=time.perf_counter(), caller=item.caller,
                     batch_id=item.batch_id)
         try:
@@ -387,20 +431,24 @@ class Gateway:
                      upstream_id=str(data.get("id", "")))
         return data
 
-    def _cache_hit_response(self, call: Call, hit: Any) -> Response:
+    async def _cache_hit_response(self, call: Call, hit: Any, send: Send) -> None:
         data = self._cache_hit_record(call, hit)
+        call.responded = True
+        headers = raw_headers(call.headers())
         if call.stream:
             # A cached answer has nothing to wait for: the whole stream goes in one body.
             body = b"".join(self.cache.replay(data, include_usage=call.include_usage))
-            return Response(body, media_type="text/event-stream", headers=call.headers())
-        return JSONResponse(data, headers=call.headers())
+            await send_body(send, 200, body, CONTENT_SSE, headers)
+        else:
+            await send_json(send, 200, data, headers)
 
     # --- answers ----------------------------------------------------------------------------
 
-    def _unary_response(self, call: Call, reply: UpstreamReply) -> Response:
+    async def _unary_response(self, call: Call, reply: UpstreamReply, send: Send) -> None:
         self._conclude_unary(call, reply)
-        return Response(reply.content, status_code=reply.status, media_type=reply.content_type,
-                        headers=call.headers(reply.replica))
+        call.responded = True
+        await send_body(send, reply.status, reply.content, reply.content_type.encode(),
+                        raw_headers(call.headers(reply.replica)))
 
     def _conclude_unary(self, call: Call, reply: UpstreamReply) -> None:
         """Record a complete upstream answer (and store it in the cache when it may be)."""
@@ -423,30 +471,38 @@ class Gateway:
         if reply.status == 200 and call.cache_key is not None and _finish_reason(data):
             self.cache.store_later(call.cache_key, data, cost)
 
-    def _stream_response(self, call: Call, opened: OpenStream) -> Response:
+    async def _stream(self, call: Call, opened: OpenStream, send: Send,
+                      watch: DisconnectWatch) -> None:
+        """Relay an open upstream stream; ``watch`` cancels it when the client leaves. However
+        it ends, the upstream response is closed first (a client that left frees the GPU
+        now), then the request is recorded."""
         tally = StreamTally(include_usage=call.include_usage,
                             keep_chunks=call.cache_key is not None)
-        outcome = StreamOutcome()
-        body = relay(opened.response, tally, outcome, replica=opened.replica.name,
-                     read_timeout=self.cfg.gateway.read_timeout)
-        return RelayResponse(body, headers=call.headers(opened.replica),
-                             on_close=partial(self._stream_closed, call, opened, tally, outcome))
+        problem: GatewayError | None = None
+        try:
+            call.responded = True
+            await send_start(send, raw_headers(call.headers(opened.replica)))
+            problem = await relay(opened, tally, send, read_timeout=self.cfg.gateway.read_timeout)
+        except asyncio.CancelledError:
+            if not watch.claim():
+                raise  # not the client (a shutdown): still closed and recorded below
+        finally:
+            watch.stop()
+            opened.close(whole=tally.done and problem is None)
+            self._stream_closed(call, opened, tally, problem)
 
-    async def _stream_closed(self, call: Call, opened: OpenStream, tally: StreamTally,
-                             outcome: StreamOutcome) -> None:
-        """The stream ended (finished, failed, or the client left): close upstream, record."""
-        await opened.response.aclose()  # first: a client that left frees the GPU now
-        opened.finish()
+    def _stream_closed(self, call: Call, opened: OpenStream, tally: StreamTally,
+                       problem: GatewayError | None) -> None:
+        """Record a stream that ended (finished, failed, or the client left)."""
         replica = opened.replica
         ttft = None if tally.first_at is None else tally.first_at - call.t0
-        if outcome.failure is None and tally.error is None and not tally.done:
+        if problem is None and tally.error is None and not tally.done:
             self._cancelled(call, first_token=tally.first_at is not None, tally=tally,
                             ttft_s=ttft)
             return
         status, error_class, message = 200, "", ""
-        if outcome.failure is not None:
-            status, error_class = outcome.failure.status, outcome.failure.error_class
-            message = outcome.failure.reason
+        if problem is not None:
+            status, error_class, message = problem.status, problem.error_class, problem.reason
         elif tally.error is not None:
             message = str(tally.error.get("message", ""))
             code = tally.error.get("code")
@@ -482,9 +538,13 @@ class Gateway:
                      e2e_s=time.perf_counter() - call.t0, error_class=ERROR_CLIENT_CANCEL,
                      message="the client went away")
 
-    def _refused(self, call: Call, exc: GatewayError) -> Response:
+    async def _refused(self, call: Call, exc: GatewayError, send: Send, *,
+                       message: str | None = None) -> None:
         """Answer (and record) a request the gateway refuses or could not serve."""
-        self._record_refusal(call, exc)
+        if not call.recorded:
+            self._record_refusal(call, exc, message=message)
+        if call.responded:
+            return  # a failure after the answer started is in the record only
         headers = call.headers(call.charge.replica)
         if exc.retry_after is not None:
             headers["Retry-After"] = str(exc.retry_after)
@@ -492,9 +552,11 @@ class Gateway:
             headers["WWW-Authenticate"] = "Bearer"
         if isinstance(exc, BodyTooLarge):
             headers["Connection"] = "close"
-        return JSONResponse(error_body(exc), status_code=exc.status, headers=headers)
+        call.responded = True
+        await send_json(send, exc.status, error_body(exc), raw_headers(headers))
 
-    def _record_refusal(self, call: Call, exc: GatewayError) -> None:
+    def _record_refusal(self, call: Call, exc: GatewayError, *,
+                        message: str | None = None) -> None:
         if isinstance(exc, OverCap):
             call.requested_max_tokens = exc.value
         # A timeout or upstream failure was served (and charged); anything else was refused.
@@ -509,7 +571,8 @@ class Gateway:
         self._record(call, status=exc.status, prompt_tokens=0, completion_tokens=0,
                      tokens_source=TOKENS_UNKNOWN, ttft_s=None,
                      e2e_s=time.perf_counter() - call.t0 if served else None,
-                     error_class=exc.error_class, message=exc.reason)
+                     error_class=exc.error_class,
+                     message=exc.reason if message is None else message)
 
     # --- records and metrics ---------------------------------------------------------------
 
@@ -543,6 +606,7 @@ class Gateway:
                 m.queue_wait.labels(pool, tier).observe(call.queue_s)
         caller = call.caller
         mt = call.max_tokens
+        call.recorded = True
         self.records.put(GatewayRecord(
             id=call.id, start_s=call.start_s, ts_s=self._clock(), pool=pool,
             model=call.model[:200], endpoint=call.endpoint,

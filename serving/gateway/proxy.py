@@ -2,15 +2,19 @@
 
 ``Forwarder.unary`` POSTs and reads the whole answer (with a size bound); ``Forwarder.open``
 POSTs and returns as soon as the upstream's headers arrive, leaving the body (an SSE stream) to
-be relayed. Both pick the replica (``Upstreams.pick``), retry once on another replica when the
-connection could not even be made (nothing was sent, so nothing can run twice), and turn every
-transport failure into the gateway's error: a read timeout into ``UpstreamTimeout`` (504), a
-reset or protocol error into ``UpstreamFailure`` (502), a 200 whose body is not JSON into 502.
+be relayed (``streaming.relay``). Both go through the replica's connections
+(``upstream_http``, which says why the gateway has its own client on this path), pick the
+replica (``Upstreams.pick``), retry once on another replica when the connection could not even
+be made (nothing was sent, so nothing can run twice), and turn every transport failure into the
+gateway's error: a read timeout into ``UpstreamTimeout`` (504), a reset or protocol error into
+``UpstreamFailure`` (502), a 200 whose body is not JSON into 502.
 
 The replica's cost ledger (``accounting.ShareLedger``) is entered before sending and left when
 the exchange ends however it ends (a cancelled task included), so every request is charged for
 the replica time it held. Upstream requests carry ``Accept-Encoding: identity``: the body is
-relayed byte for byte, never decompressed and re-compressed.
+relayed byte for byte, never decompressed and re-compressed. A response is either read to its
+end and its connection kept for the next request, or closed with its connection: closing an
+unfinished response is how the gateway tells vLLM to abort.
 """
 
 from __future__ import annotations
@@ -19,9 +23,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from serving.gateway.errors import NoReplica, UpstreamFailure, UpstreamTimeout
+from serving.gateway.upstream_http import ConnectFailed, ReadTimeout, Response, UpstreamError
 from serving.gateway.upstreams import Replica, Upstreams
 
 __all__ = [
@@ -30,12 +33,16 @@ __all__ = [
     "Forwarder",
     "OpenStream",
     "UpstreamReply",
+    "describe",
     "error_message",
+    "failure",
 ]
 
-_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
 #: An upstream answer larger than this is refused (bytes): a completion is kilobytes.
 MAX_UPSTREAM_BYTES = 64 * 1024 * 1024
+#: Seconds a finished stream's connection waits for the end of the replica's body before it is
+#: closed instead of kept.
+_TAIL_GRACE_S = 5.0
 
 
 @dataclass(slots=True)
@@ -62,16 +69,23 @@ class UpstreamReply:
 
 @dataclass(slots=True)
 class OpenStream:
-    """An upstream 200 whose body is still to be read: close ``response``, then
-    ``finish()`` to leave the replica's ledger."""
+    """An upstream 200 whose body is still to be read; ``close()`` when done with it."""
 
     replica: Replica
-    response: httpx.Response
+    response: Response
     mark: float
     charge: Charge
 
-    def finish(self) -> None:
-        """The stream is over: charge the replica time it held."""
+    def close(self, *, whole: bool) -> None:
+        """The stream is over: charge the replica time it held, and let go of the response.
+        ``whole``: the client has the complete stream, so the connection is kept for the next
+        request once the replica ends the body (``Response.detach``); else the connection is
+        closed at once (the replica aborts the request). Synchronous, so it runs even in a
+        task being cancelled."""
+        if whole:
+            self.response.detach(_TAIL_GRACE_S)
+        else:
+            self.response.close()
         self.charge.share_s += self.replica.ledger.leave(self.mark)
 
 
@@ -83,7 +97,8 @@ def error_message(data: dict[str, Any]) -> str:
     return str(err)
 
 
-def _describe(exc: httpx.HTTPError) -> str:
+def describe(exc: BaseException) -> str:
+    """``"ClassName: message"`` of a transport error (the class alone without a message)."""
     text = str(exc)
     name = type(exc).__name__
     return f"{name}: {text}" if text else name
@@ -100,13 +115,11 @@ class Forwarder:
         self._read_timeout = read_timeout
         self._retry_after = retry_after
 
-    def _failure(self, replica: Replica, exc: httpx.HTTPError) -> UpstreamFailure | UpstreamTimeout:
-        if isinstance(exc, httpx.TimeoutException):
-            return UpstreamTimeout(replica.name, self._read_timeout)
-        return UpstreamFailure(replica.name, _describe(exc))
+    def _failure(self, replica: Replica, exc: BaseException) -> UpstreamFailure | UpstreamTimeout:
+        return failure(replica.name, exc, self._read_timeout)
 
     async def _send(self, pool: str, path: str, payload: bytes, *, premium: bool,
-                    charge: Charge) -> tuple[Replica, httpx.Response, float]:
+                    charge: Charge) -> tuple[Replica, Response, float]:
         """Send on the routed replica, or on another one if it cannot be reached; the replica,
         the response with its body unread, and the ledger mark (left by the caller)."""
         exclude: Replica | None = None
@@ -114,19 +127,22 @@ class Forwarder:
             replica = self._up.pick(pool, beyond_kv_limit=premium, exclude=exclude)
             if replica is None:
                 raise NoReplica(pool, retry_after=self._retry_after)
+            connections = replica.connections
+            if connections is None:
+                raise RuntimeError("the gateway's upstreams are not started")
             charge.replica = replica
             mark = replica.ledger.enter()
-            client = replica.client
             try:
-                request = client.build_request("POST", path, content=payload, headers=_HEADERS)
-                return replica, await client.send(request, stream=True), mark
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                # Cancelled before the answer's head, the connection is closed (post's own).
+                response = await connections.post(path, payload)
+                return replica, response, mark
+            except ConnectFailed as exc:
                 replica.ledger.leave(mark)  # nothing ran there: nothing to charge
-                replica.mark_down(f"connect failed: {_describe(exc)}")
+                replica.mark_down(f"connect failed: {describe(exc)}")
                 if attempt == 2:
-                    raise UpstreamFailure(replica.name, _describe(exc)) from None
+                    raise UpstreamFailure(replica.name, describe(exc)) from None
                 exclude = replica
-            except httpx.HTTPError as exc:
+            except UpstreamError as exc:
                 charge.share_s += replica.ledger.leave(mark)
                 raise self._failure(replica, exc) from None
             except BaseException:
@@ -134,17 +150,18 @@ class Forwarder:
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _complete(self, replica: Replica, response: httpx.Response, mark: float,
+    async def _complete(self, replica: Replica, response: Response, mark: float,
                         charge: Charge) -> UpstreamReply:
-        """Read the rest of ``response``, close it, leave the ledger, classify."""
+        """Read the rest of ``response``, close it (an unfinished one closes its connection,
+        cancelled included), leave the ledger, classify."""
         try:
-            content = await _read_bounded(response)
-        except httpx.HTTPError as exc:
+            content = await response.read_all(MAX_UPSTREAM_BYTES)
+        except UpstreamError as exc:
             raise self._failure(replica, exc) from None
         finally:
-            await response.aclose()
+            response.close()
             charge.share_s += replica.ledger.leave(mark)
-        return _reply(replica, response, content)
+        return _reply(replica, response.status, content)
 
     async def unary(self, pool: str, path: str, payload: bytes, *, premium: bool = False,
                     charge: Charge) -> UpstreamReply:
@@ -159,27 +176,24 @@ class Forwarder:
         answer (an error, or garbage raised as ``UpstreamFailure``)."""
         replica, response, mark = await self._send(pool, path, payload, premium=premium,
                                                    charge=charge)
-        if response.status_code == 200 and response.headers.get(
-                "content-type", "").startswith("text/event-stream"):
+        if response.status == 200 and (response.header(b"content-type") or "").startswith(
+                "text/event-stream"):
             return OpenStream(replica, response, mark, charge)
         return await self._complete(replica, response, mark, charge)
 
 
-async def _read_bounded(response: httpx.Response) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_raw():
-        size += len(chunk)
-        if size > MAX_UPSTREAM_BYTES:
-            raise httpx.RemoteProtocolError(
-                f"the answer is larger than {MAX_UPSTREAM_BYTES} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+def failure(replica: str, exc: BaseException, read_timeout: float
+            ) -> UpstreamFailure | UpstreamTimeout:
+    """The gateway's error for a transport error on ``replica``: a timeout (the replica was
+    silent for ``read_timeout`` seconds) is ``UpstreamTimeout`` (504), anything else
+    ``UpstreamFailure`` (502)."""
+    if isinstance(exc, ReadTimeout):
+        return UpstreamTimeout(replica, read_timeout)
+    return UpstreamFailure(replica, describe(exc))
 
 
-def _reply(replica: Replica, response: httpx.Response, content: bytes) -> UpstreamReply:
+def _reply(replica: Replica, status: int, content: bytes) -> UpstreamReply:
     """Classify a complete answer; garbage becomes ``UpstreamFailure`` (502)."""
-    status = response.status_code
     try:
         data = json.loads(content) if content else None
     except ValueError:

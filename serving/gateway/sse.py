@@ -49,6 +49,9 @@ class SseFramer:
 
     def feed(self, data: bytes) -> list[bytes]:
         """The events completed by ``data`` (possibly none)."""
+        if not self._buf and len(data) > 2 and data.find(b"\n\n") == len(data) - 2 \
+                and b"\r" not in data:
+            return [data]  # the usual read: exactly one whole event, passed on as it is
         if b"\r" in data:
             # SSE allows CRLF and CR line ends; vLLM and OpenAI send LF. Normalise once.
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")

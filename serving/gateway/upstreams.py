@@ -10,12 +10,10 @@ parses, only slower.
 
 Routing: among healthy replicas whose KV-cache usage is at most ``max_kv_usage`` (unknown usage
 counts as room), the one with the fewest requests this gateway has in flight; ties rotate.
-Connections: each replica has ``CLIENT_SHARDS`` ``httpx.AsyncClient``s (each its own connection
-pool), shared by all requests to it and used in turn. Why not one: httpcore 1.0's pool walks all
-of its connections on every request start and end, and for each idle one counts all of them again
-(quadratic; encode/httpcore#1035, still open) and probes its socket with ``poll()``. At 200
-concurrent streams on one replica that bookkeeping took most of the gateway's CPU; spread over 16
-pools each walk sees about a sixteenth of the connections (see bench/gateway_bench.py).
+
+Connections: requests to a replica go through its ``upstream_http.ReplicaConnections`` (its
+own keep-alive connections, opened by ``start``; why not httpx is said there); the polls use
+httpx.
 """
 
 from __future__ import annotations
@@ -32,6 +30,7 @@ import httpx
 from collector.exposition import normalise_vllm_names, parse
 from serving.gateway.accounting import ShareLedger, gpu_cost_per_second
 from serving.gateway.types import PoolLoad
+from serving.gateway.upstream_http import ReplicaConnections
 from vigil.config import Config
 from vigil.conventions import (
     GATEWAY_POLLED_SERIES,
@@ -51,8 +50,12 @@ _USER_AGENT = "vigil-gateway/0.1"
 _METRICS_QUERY = [("name[]", n) for n in GATEWAY_POLLED_SERIES]
 #: A poll answer larger than this is refused (bytes): the three gauges take a few hundred.
 _MAX_POLL_BYTES = 8 * 1024 * 1024
-#: Connection pools per replica (see the module docstring).
-CLIENT_SHARDS = 16
+#: Seconds an idle upstream connection is kept: below uvicorn's (so vLLM's) 5 s keep-alive, so
+#: the gateway never sends a request on a connection the replica is about to close.
+KEEPALIVE_S = 4.0
+#: What every request upstream carries: the body is relayed byte for byte, never decompressed.
+_REQUEST_HEADERS = {"User-Agent": _USER_AGENT, "Content-Type": "application/json",
+                    "Accept-Encoding": "identity"}
 
 
 @dataclass(eq=False)
@@ -65,8 +68,6 @@ class Replica:
     metrics_url: str
     #: USD per second the replica costs (GPUs x hourly price / 3600).
     cost_per_second: float
-    #: The replica's connection pools, used in turn (``client``).
-    clients: tuple[httpx.AsyncClient, ...]
     healthy: bool = False
     #: vllm:kv_cache_usage_perc (mean over its engines, ratio 0-1), waiting and running
     #: requests (sums), from the last good poll; None when the server does not export them.
@@ -75,13 +76,9 @@ class Replica:
     running: int | None = None
     last_error: str = ""
     ledger: ShareLedger = field(default_factory=ShareLedger)
-    _turn: int = 0
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        """The next of the replica's clients (round robin); keep it for the whole exchange."""
-        self._turn = (self._turn + 1) % len(self.clients)
-        return self.clients[self._turn]
+    #: The replica's keep-alive connections for requests; open from ``Upstreams.start`` to
+    #: ``Upstreams.aclose``.
+    connections: ReplicaConnections | None = None
 
     @property
     def outstanding(self) -> int:
@@ -104,9 +101,9 @@ class Upstreams:
         gw = cfg.gateway
         self._interval = gw.health_interval
         self._max_kv = gw.max_kv_usage
+        self._connect_timeout = gw.connect_timeout
         # Reads of a stream may pause for long between tokens: only a silent upstream times out.
-        self._timeout = httpx.Timeout(connect=gw.connect_timeout, read=gw.read_timeout,
-                                      write=gw.read_timeout, pool=gw.connect_timeout)
+        self._read_timeout = gw.read_timeout
         poll_timeout = max(1.0, gw.health_interval)
         self._poll_client = httpx.AsyncClient(
             timeout=httpx.Timeout(poll_timeout, connect=min(poll_timeout, gw.connect_timeout)),
@@ -116,16 +113,9 @@ class Upstreams:
         for t in cfg.targets:
             if t.kind != KIND_VLLM:
                 continue
-            clients = tuple(httpx.AsyncClient(
-                base_url=t.api_base, timeout=self._timeout, transport=transport,
-                # No cap on connections: each in-flight stream holds one; the tiers and the
-                # pool's own queue are the limits, not a hidden pool timeout here.
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=32,
-                                    keepalive_expiry=30.0),
-                headers={"User-Agent": _USER_AGENT}) for _ in range(CLIENT_SHARDS))
             self.pools[t.pool].append(Replica(
                 name=t.name, pool=t.pool, api_base=t.api_base, metrics_url=t.url,
-                cost_per_second=gpu_cost_per_second(cfg, t.pool), clients=clients,
+                cost_per_second=gpu_cost_per_second(cfg, t.pool),
                 ledger=ShareLedger(monotonic=monotonic)))
         self._rotation: dict[str, int] = dict.fromkeys(self.pools, 0)
         self._refreshed = asyncio.Event()
@@ -134,7 +124,16 @@ class Upstreams:
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Poll every replica once (so routing starts informed), then keep polling."""
+        """Open the replicas' connection pools, poll every replica once (so routing starts
+        informed), then keep polling."""
+        for r in self.replicas():
+            if r.connections is None:  # made here: it belongs to the running event loop
+                # No cap on connections: each in-flight stream holds one; the tiers and the
+                # pool's own queue are the limits, not a hidden pool timeout here.
+                r.connections = ReplicaConnections(
+                    r.api_base, connect_timeout=self._connect_timeout,
+                    read_timeout=self._read_timeout, keepalive=KEEPALIVE_S,
+                    headers=_REQUEST_HEADERS)
         await self.poll_once()
         self._task = asyncio.create_task(self._loop(), name="gateway-upstream-poll")
 
@@ -146,10 +145,10 @@ class Upstreams:
                 await self._task
             self._task = None
         await self._poll_client.aclose()
-        for replicas in self.pools.values():
-            for r in replicas:
-                for client in r.clients:
-                    await client.aclose()
+        for r in self.replicas():
+            if r.connections is not None:
+                await r.connections.aclose()
+                r.connections = None
 
     async def _loop(self) -> None:
         while True:
@@ -168,11 +167,22 @@ class Upstreams:
         event, self._refreshed = self._refreshed, asyncio.Event()
         event.set()
 
+    async def _get(self, url: str, **kwargs: object) -> httpx.Response:
+        try:
+            return await self._poll_client.get(url, **kwargs)  # type: ignore[arg-type]
+        except httpx.RemoteProtocolError as exc:
+            # The replica closed the kept-alive connection as we reused it (its keep-alive
+            # timeout racing our poll interval): nothing was answered, so the GET is retried
+            # once on a new connection, as the collector does (collector.scrape.fetch).
+            if "without sending a response" not in str(exc):
+                raise
+            return await self._poll_client.get(url, **kwargs)  # type: ignore[arg-type]
+
     async def _poll(self, r: Replica) -> None:
         try:
             health, metrics = await asyncio.gather(
-                self._poll_client.get(f"{r.api_base}/health"),
-                self._poll_client.get(r.metrics_url, params=_METRICS_QUERY))
+                self._get(f"{r.api_base}/health"),
+                self._get(r.metrics_url, params=_METRICS_QUERY))
         except httpx.HTTPError as exc:
             r.mark_down(f"poll failed: {type(exc).__name__}: {exc}".rstrip(": "))
             return
