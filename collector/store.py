@@ -53,7 +53,7 @@ import math
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from operator import itemgetter
 from pathlib import Path
@@ -481,40 +481,35 @@ class Store:
     def _migrate_to_2(self, conn: sqlite3.Connection) -> None:
         """Schema 1 -> 2: add the rollup tables (``collector.rollup``). Quick: they start
         empty, and until ``compact()`` has built them readers simply read raw samples."""
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            row = conn.execute("SELECT value FROM meta WHERE key = ?", (_K_VERSION,)).fetchone()
-            if int(row[0]) < 2:  # another process may have migrated while we waited
-                for ddl in rollup.SCHEMA:
-                    conn.execute(ddl)
-                conn.execute("UPDATE meta SET value = '2' WHERE key = ?", (_K_VERSION,))
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error):
-                raise StoreError(
-                    f"{self.path}: cannot migrate the store from schema version 1 to 2: {exc}"
-                ) from None
-            raise
+        self._migrate(conn, 2, rollup.SCHEMA)
 
     def _migrate_to_3(self, conn: sqlite3.Connection) -> None:
         """Schema 2 -> 3: add the gauge rollup (``collector.rollup.GAUGE_SCHEMA``). Its tables
         start empty, so the whole rollup is marked stale (D = 0): the next ``compact()``
         rebuilds it, and until then readers use it only below that mark (nowhere)."""
+        self._migrate(conn, 3, rollup.GAUGE_SCHEMA, lambda: rollup.note_dirty(conn, 0))
+
+    def _migrate(self, conn: sqlite3.Connection, version: int, ddl: Sequence[str],
+                 then: Callable[[], object] | None = None) -> None:
+        """Run ``ddl`` (and ``then``) and set the schema version to ``version``, in one
+        immediate transaction, unless another process got there while we waited."""
         conn.execute("BEGIN IMMEDIATE")
         try:
             row = conn.execute("SELECT value FROM meta WHERE key = ?", (_K_VERSION,)).fetchone()
-            if int(row[0]) < 3:  # another process may have migrated while we waited
-                for ddl in rollup.GAUGE_SCHEMA:
-                    conn.execute(ddl)
-                rollup.note_dirty(conn, 0)
-                conn.execute("UPDATE meta SET value = '3' WHERE key = ?", (_K_VERSION,))
+            if int(row[0]) < version:
+                for statement in ddl:
+                    conn.execute(statement)
+                if then is not None:
+                    then()
+                conn.execute("UPDATE meta SET value = ? WHERE key = ?",
+                             (str(version), _K_VERSION))
             conn.execute("COMMIT")
         except BaseException as exc:
             conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
                 raise StoreError(
-                    f"{self.path}: cannot migrate the store from schema version 2 to 3: {exc}"
+                    f"{self.path}: cannot migrate the store from schema version "
+                    f"{version - 1} to {version}: {exc}"
                 ) from None
             raise
 

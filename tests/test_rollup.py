@@ -435,14 +435,16 @@ VALUES = st.one_of(
 
 
 @st.composite
-def series_and_windows(draw: st.DrawFn) -> tuple[list[tuple[int, float | None]], list[tuple]]:
+def series_and_windows(
+    draw: st.DrawFn, values: st.SearchStrategy[float | None] = VALUES,
+) -> tuple[list[tuple[int, float | None]], list[tuple]]:
     n = draw(st.integers(2, 60))
     gaps = draw(st.lists(st.integers(1, 2 * H), min_size=n, max_size=n))
     ts, t = [], T0 + draw(st.integers(0, H))
     for g in gaps:
         ts.append(t)
         t += g
-    values = draw(st.lists(VALUES, min_size=n, max_size=n))
+    values = draw(st.lists(values, min_size=n, max_size=n))
     queries = draw(st.lists(
         st.tuples(st.integers(T0, t + H), st.integers(1, 12 * H), st.sampled_from(["2", "3"])),
         min_size=1, max_size=12))
@@ -614,23 +616,8 @@ GAUGE_VALUES = st.one_of(
 )
 
 
-@st.composite
-def gauge_and_windows(draw: st.DrawFn) -> tuple[list[tuple[int, float | None]], list[tuple]]:
-    n = draw(st.integers(2, 60))
-    gaps = draw(st.lists(st.integers(1, 2 * H), min_size=n, max_size=n))
-    ts, t = [], T0 + draw(st.integers(0, H))
-    for g in gaps:
-        ts.append(t)
-        t += g
-    values = draw(st.lists(GAUGE_VALUES, min_size=n, max_size=n))
-    queries = draw(st.lists(
-        st.tuples(st.integers(T0, t + H), st.integers(1, 12 * H), st.sampled_from(["2", "3"])),
-        min_size=1, max_size=12))
-    return list(zip(ts, values, strict=True)), queries
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(gauge_and_windows(), st.integers(0, 2))
+@given(series_and_windows(GAUGE_VALUES), st.integers(0, 2))
 def test_any_gauge_any_window(
     data: tuple[list[tuple[int, float | None]], list[tuple]], cut: int
 ) -> None:
