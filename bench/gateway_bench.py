@@ -418,7 +418,7 @@ class _Stream(asyncio.Protocol):
 
 
 async def load(base: str, streams: int, seconds: float, warmup: float, leg: str,
-               stagger: float = 0.0) -> Run:
+               stagger: float = 0.0, key: str = KEY) -> Run:
     """Keep ``streams`` streaming requests going for ``warmup + seconds``; measure the last
     ``seconds``: time to the first body bytes and to the end of the body. Stream ``i`` sends
     its first request ``i * stagger / streams`` seconds after the start (0: all at once)."""
@@ -427,7 +427,7 @@ async def load(base: str, streams: int, seconds: float, warmup: float, leg: str,
     body = json.dumps({"model": MODEL, "stream": True, "max_tokens": 64,
                        "messages": [{"role": "user", "content": "benchmark"}]}).encode()
     request = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\n"
-               f"authorization: Bearer {KEY}\r\ncontent-type: application/json\r\n"
+               f"authorization: Bearer {key}\r\ncontent-type: application/json\r\n"
                f"content-length: {len(body)}\r\n\r\n").encode() + body
     loop = asyncio.get_running_loop()
     start = time.perf_counter()
@@ -561,7 +561,7 @@ class Gateway:
 def gateway_legs(names: list[str], baseline: Path | None) -> list[Gateway]:
     legs = []
     for name in names:
-        if name == "direct":
+        if name in ("direct", LITELLM_LEG):
             continue
         if name.startswith("before") and baseline is None:
             raise SystemExit(f"leg {name!r} needs --baseline DIR")
@@ -573,14 +573,61 @@ def gateway_legs(names: list[str], baseline: Path | None) -> list[Gateway]:
     return legs
 
 
+#: The leg that runs LiteLLM's proxy (``--litellm PATH``) on the same upstream, for the
+#: comparison the issue asks for (its published overhead: p50 2-12 ms, p99 13-43 ms).
+LITELLM_LEG = "litellm"
+
+
+@dataclass
+class Litellm:
+    url: str
+    key: str
+    proc: subprocess.Popen[bytes]
+
+
+@contextlib.contextmanager
+def litellm_proxy(executable: str, upstream: str, tmp: Path) -> Iterator[Litellm]:
+    """LiteLLM's proxy (from its own environment: it is not a Vigil dependency) serving
+    ``MODEL`` from ``upstream`` as a hosted vLLM, on loopback, with its logs in a file."""
+    port = free_port()
+    key = "sk-" + os.urandom(16).hex()  # it refuses a weak master key
+    config = tmp / "litellm.yaml"
+    config.write_text(
+        "model_list:\n"
+        f"  - model_name: {MODEL}\n"
+        "    litellm_params:\n"
+        f"      model: hosted_vllm/{MODEL}\n"
+        f"      api_base: {upstream}/v1\n"
+        "      api_key: none\n")
+    env = {**os.environ, "LITELLM_MASTER_KEY": key, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+           "LITELLM_TELEMETRY": "False", "LITELLM_LOG": "ERROR"}
+    env.pop("PYTHONPATH", None)
+    log = tmp / "litellm.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([executable, "--config", str(config), "--host", "127.0.0.1",
+                                 "--port", str(port)], cwd=tmp, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/health/liveliness", proc, log, timeout=180.0)
+        yield Litellm(url, key, proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def measure(streams: int, leg: str, base: str, args: argparse.Namespace,
-            pids: dict[str, int]) -> Run:
+            pids: dict[str, int], key: str = KEY) -> Run:
     """One leg at one level: the load, and the CPU of each process over it."""
     before = {k: cpu_seconds(p) for k, p in pids.items()}
     own = own_cpu_seconds()
     pressure, wall = cpu_pressure_us(), time.perf_counter()
     stagger = args.ttft + args.tokens * args.interval if args.arrivals == "spread" else 0.0
-    run = run_async(load(base, streams, args.seconds, args.warmup, leg, stagger))
+    run = run_async(load(base, streams, args.seconds, args.warmup, leg, stagger, key))
     assert isinstance(run, Run)
     run.cpu = {k: cpu_seconds(p) - before[k] for k, p in pids.items()}
     run.cpu["loadgen"] = own_cpu_seconds() - own
@@ -657,6 +704,9 @@ def main() -> int:
     p.add_argument("--interval", type=float, default=0.05,
                    help="seconds between chunks (0.05: 20 tokens/s, a busy vLLM's pace)")
     p.add_argument("--ttft", type=float, default=0.05, help="upstream seconds to first chunk")
+    p.add_argument("--litellm", metavar="PATH",
+                   help="the `litellm` executable of an environment with litellm[proxy]: "
+                        "adds the leg 'litellm' (its proxy on the same upstream)")
     p.add_argument("--compare-clients", type=int, default=0, metavar="N",
                    help="instead: the CPU per streamed request of the gateway's HTTP client, "
                         "httpx and aiohttp (if installed), over N requests each")
@@ -674,6 +724,10 @@ def main() -> int:
     levels = [int(x) for x in args.streams.split(",")]
     legs = (args.legs.split(",") if args.legs else
             ["direct", "before", "after"] if args.baseline else ["direct", "after"])
+    if args.litellm and LITELLM_LEG not in legs:
+        legs.append(LITELLM_LEG)
+    if LITELLM_LEG in legs and not args.litellm:
+        raise SystemExit("leg 'litellm' needs --litellm PATH")
     gateways = gateway_legs(legs, args.baseline.resolve() if args.baseline else None)
     by_name = {g.name: g for g in gateways}
     load_start = os.getloadavg()
@@ -698,15 +752,22 @@ def main() -> int:
             assert g.proc is not None and g.proc.stdout is not None
             g.banner = g.proc.stdout.readline().decode().strip().rpartition("; ")[2]
             g.banner = g.banner.removesuffix(" (Ctrl-C stops)") if " + " in g.banner else ""
+        lite = (stack.enter_context(litellm_proxy(args.litellm, upstream, tmp))
+                if LITELLM_LEG in legs else None)
         for streams in levels:
             for _ in range(args.rounds):
                 for leg in legs:
                     gw = by_name.get(leg)
                     pids = {"upstream": up_proc.pid}
+                    base, key = upstream, KEY
                     if gw is not None:
                         assert gw.proc is not None
                         pids["gateway"] = gw.proc.pid
-                    run = measure(streams, leg, gw.url if gw else upstream, args, pids)
+                        base = gw.url
+                    elif leg == LITELLM_LEG and lite is not None:
+                        pids["gateway"] = lite.proc.pid
+                        base, key = lite.url, lite.key
+                    run = measure(streams, leg, base, args, pids, key)
                     key = (streams, leg)
                     if key in runs:
                         runs[key].merge(run)
