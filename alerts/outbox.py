@@ -35,10 +35,8 @@ from __future__ import annotations
 import json
 import random
 import sqlite3
-import threading
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -47,11 +45,10 @@ from alerts.grouping import LogEntry
 from alerts.model import Alert, Notification
 from vigil.conventions import OUTBOX_DONE, OUTBOX_GIVEN_UP, OUTBOX_PENDING, OUTBOX_SUPERSEDED
 from vigil.errors import VigilError
+from vigil.sqlite import Database
 
 __all__ = ["Outbox", "OutboxError", "OutboxItem", "OutboxStats", "backoff_delay"]
 
-#: Milliseconds a writer waits for another connection's lock before failing.
-BUSY_TIMEOUT_MS = 10_000
 #: Rows of each finished state kept for inspection by ``prune`` (the newest ones).
 KEEP_FINISHED = 1000
 
@@ -215,45 +212,14 @@ class Outbox:
         self.retry_max = retry_max
         self.max_age = max_age
         self._rng = rng or random.Random()
-        self._lock = threading.RLock()
-        self._conn = self._connect()
+        # FULL: a committed notification survives a power loss too, not only a crash;
+        # notifications are few, the fsync per commit costs nothing that matters.
+        self._db = Database(self.path, what="the alert outbox", error=OutboxError,
+                            synchronous="FULL", schema=_SCHEMA)
         self.instance = self._instance_id()
 
-    # --- opening ------------------------------------------------------------------------
-    def _connect(self) -> sqlite3.Connection:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
-            conn = sqlite3.connect(str(self.path), isolation_level=None,
-                                   check_same_thread=False)
-        except (OSError, sqlite3.Error) as exc:
-            raise OutboxError(f"{self.path}: cannot open the alert outbox: {exc}") from None
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise OutboxError(f"{self.path}: cannot switch to WAL mode (got {mode!r})")
-            # FULL: a committed notification survives a power loss too, not only a crash;
-            # notifications are few, the fsync per commit costs nothing that matters.
-            conn.execute("PRAGMA synchronous = FULL")
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for ddl in _SCHEMA:
-                    conn.execute(ddl)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            raise OutboxError(f"{self.path}: not a usable alert outbox: {exc}") from None
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
     def _instance_id(self) -> uuid.UUID:
-        with self._tx() as c:
+        with self._db.transaction() as c:
             row = c.execute("SELECT value FROM alert_outbox_meta WHERE key = 'instance'")
             found = row.fetchone()
             if found:
@@ -266,27 +232,12 @@ class Outbox:
             return instance
 
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            try:
-                self._conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise OutboxError(f"{self.path}: cannot write the alert outbox: {exc}") from None
-            try:
-                yield self._conn
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
+        """Close the file (idempotent); everything written is already committed."""
+        self._db.close()
 
     def _select(self, where: str, params: Sequence[Any] = ()) -> list[OutboxItem]:
-        with self._lock:
-            rows = self._conn.execute(f"SELECT {_COLUMNS} FROM alert_outbox {where}", params)
-            return [OutboxItem._from_row(r) for r in rows.fetchall()]
+        rows = self._db.query(f"SELECT {_COLUMNS} FROM alert_outbox {where}", params)
+        return [OutboxItem._from_row(r) for r in rows]
 
     # --- writing ------------------------------------------------------------------------
     def enqueue(self, entries: Iterable[tuple[Notification, bytes, Any]],
@@ -306,7 +257,7 @@ class Outbox:
         """
         ids = []
         seqs: dict[tuple[str, str], int] = {}
-        with self._tx() as c:
+        with self._db.transaction() as c:
             for n, body, route in entries:
                 c.execute(
                     "INSERT INTO alert_outbox_groups (route, group_key, next_seq) "
@@ -363,7 +314,7 @@ class Outbox:
 
     def forget_log(self, groups: Iterable[tuple[str, str]]) -> None:
         """Remove the notification-log entries of these (route, group key)."""
-        with self._tx() as c:
+        with self._db.transaction() as c:
             self._write_log(c, (), groups, {})
 
     def recover(self, now: float) -> list[OutboxItem]:
@@ -374,7 +325,7 @@ class Outbox:
         """
         stuck = self._select("WHERE status = ? AND inflight_since IS NOT NULL",
                              (OUTBOX_PENDING,))
-        with self._tx() as c:
+        with self._db.transaction() as c:
             for item in stuck:
                 c.execute(
                     "UPDATE alert_outbox SET inflight_since = NULL, next_attempt_at = ?, "
@@ -388,7 +339,7 @@ class Outbox:
     def begin_attempt(self, item_id: int, now: float) -> int | None:
         """Record that an attempt starts now; returns its number (1, 2, ...), or None when
         the row is no longer pending or already being sent."""
-        with self._tx() as c:
+        with self._db.transaction() as c:
             cur = c.execute(
                 "UPDATE alert_outbox SET attempts = attempts + 1, inflight_since = ?, "
                 "last_attempt_at = ? WHERE id = ? AND status = ? AND inflight_since IS NULL",
@@ -401,7 +352,7 @@ class Outbox:
 
     def ack(self, item_id: int, now: float) -> None:
         """The receiver answered 2xx: done, whatever the row's state was (it was received)."""
-        with self._tx() as c:
+        with self._db.transaction() as c:
             c.execute(
                 "UPDATE alert_outbox SET status = ?, finished_at = ?, inflight_since = NULL, "
                 "last_error = NULL WHERE id = ?",
@@ -412,7 +363,7 @@ class Outbox:
         """The attempt failed with ``error``: schedule a retry with backoff, or give up when
         the notification is older than ``max_age``, or supersede it when it is a snapshot
         and a newer snapshot of its stream is waiting."""
-        with self._tx() as c:
+        with self._db.transaction() as c:
             row = c.execute(f"SELECT {_COLUMNS} FROM alert_outbox WHERE id = ?",
                             (item_id,)).fetchone()
             if row is None:
@@ -455,7 +406,7 @@ class Outbox:
                            (OUTBOX_PENDING, cutoff))
         if not old:
             return []
-        with self._tx() as c:
+        with self._db.transaction() as c:
             for item in old:
                 error = item.last_error or "never attempted"
                 c.execute(
@@ -473,7 +424,7 @@ class Outbox:
         each state; returns how many were deleted."""
         keep = self.max_age if keep_seconds is None else keep_seconds
         deleted = 0
-        with self._tx() as c:
+        with self._db.transaction() as c:
             for status in (OUTBOX_DONE, OUTBOX_SUPERSEDED, OUTBOX_GIVEN_UP):
                 cur = c.execute(
                     "DELETE FROM alert_outbox WHERE status = ? AND finished_at < ? AND id NOT IN "
@@ -485,7 +436,7 @@ class Outbox:
 
     def save_active(self, alerts: Iterable[tuple[Alert, Sequence[str]]]) -> None:
         """Replace the list of active alerts (each with the names of its routes)."""
-        with self._tx() as c:
+        with self._db.transaction() as c:
             c.execute("DELETE FROM alert_active")
             c.executemany(
                 "INSERT OR REPLACE INTO alert_active (fingerprint, alert, routes) "
@@ -534,21 +485,19 @@ class Outbox:
 
     def next_attempt_at(self) -> float | None:
         """When the earliest pending row is due (Unix seconds), or None when none is."""
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT MIN(next_attempt_at) FROM alert_outbox WHERE status = ?",
-                (OUTBOX_PENDING,),
-            ).fetchone()
+        row = self._db.query(
+            "SELECT MIN(next_attempt_at) FROM alert_outbox WHERE status = ?", (OUTBOX_PENDING,),
+        )[0]
         return None if row[0] is None else float(row[0])
 
     def stats(self, now: float) -> OutboxStats:
-        with self._lock:
-            counts = dict(self._conn.execute(
-                "SELECT status, COUNT(*) FROM alert_outbox GROUP BY status").fetchall())
-            in_flight, oldest = self._conn.execute(
+        with self._db.lock:
+            counts = dict(self._db.query(
+                "SELECT status, COUNT(*) FROM alert_outbox GROUP BY status"))
+            in_flight, oldest = self._db.query(
                 "SELECT COUNT(inflight_since), MIN(created_at) FROM alert_outbox "
                 "WHERE status = ?", (OUTBOX_PENDING,),
-            ).fetchone()
+            )[0]
         return OutboxStats(
             pending=counts.get(OUTBOX_PENDING, 0),
             in_flight=in_flight or 0,
@@ -560,11 +509,10 @@ class Outbox:
 
     def notification_log(self) -> list[LogEntry]:
         """Every notification-log entry, by route then group key."""
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT route, group_key, labels, created_at, firing, resolved, alerts, sent_at, "
-                "notifications, seq FROM alert_outbox_nflog ORDER BY route, group_key",
-            ).fetchall()
+        rows = self._db.query(
+            "SELECT route, group_key, labels, created_at, firing, resolved, alerts, sent_at, "
+            "notifications, seq FROM alert_outbox_nflog ORDER BY route, group_key",
+        )
         return [
             LogEntry(route=r, group_key=k, labels=json.loads(labels), created_at=float(created),
                      firing=frozenset(json.loads(firing)),
@@ -577,7 +525,5 @@ class Outbox:
 
     def active(self) -> list[tuple[Alert, list[str]]]:
         """The alerts saved by the last ``save_active``, with their route names."""
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT alert, routes FROM alert_active ORDER BY fingerprint").fetchall()
+        rows = self._db.query("SELECT alert, routes FROM alert_active ORDER BY fingerprint")
         return [(Alert.from_dict(json.loads(a)), json.loads(r)) for a, r in rows]

@@ -199,7 +199,7 @@ def build_store(path: Path, size: Size) -> dict[str, float]:
                 key = SeriesKey(name, labels_of(labels))
                 # write() creates the series (name, labels, type, counter flag) ...
                 store.write([(key, family, int(ts[0]), float(values[0]))])
-                batch.append((store._ids[key][0], ts[1:].tolist(), values[1:].tolist()))
+                batch.append((store._head.ids[key][0], ts[1:].tolist(), values[1:].tolist()))
             # ... and the rest goes straight where write() + compact() would put it.
             with store.transaction():
                 for sid, t_list, v_list in batch:

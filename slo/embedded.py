@@ -45,8 +45,7 @@ from vigil.conventions import LABEL_LE, SOURCE_EMBEDDED, SUFFIX_BUCKET
 from vigil.model import Labels, Point, SeriesKey
 
 if TYPE_CHECKING:
-    from collector.rollup import CounterWindow
-    from collector.store import Store
+    from collector.store import CounterWindow, Store
 
 __all__ = ["EmbeddedSource", "avg_aggregate", "avg_over_time_value"]
 
@@ -225,7 +224,7 @@ class EmbeddedSource:
         """``increase(metric{matchers}[window])`` per series, keyed by its labels.
 
         The one place counter increases are computed. Once the store has its rollup
-        (``collector.rollup``, built by ``compact()``), the window's first and last samples,
+        (``collector.store.rollup``, built by ``compact()``), the window's first and last samples,
         sample count and resets come from ``Store.counter_windows`` — lookups for the
         rolled-up part, raw samples only for what the write head still holds — instead of
         every sample; before that, from the raw samples. Both give the same float64. Series

@@ -204,6 +204,17 @@ def test_not_an_sqlite_file(tmp_path: Path) -> None:
         Outbox(bad)
 
 
+def test_every_commit_is_synced_to_disk(ob: Outbox) -> None:
+    """synchronous = FULL: a committed notification survives a power loss, not only a crash."""
+    assert ob._db.query("PRAGMA synchronous") == [(2,)]
+
+
+def test_a_closed_outbox_says_so_by_name(ob: Outbox) -> None:
+    ob.close()
+    with pytest.raises(OutboxError, match=r"outbox\.db: the alert outbox is closed"):
+        put(ob, note())
+
+
 def _entry(group: str, t: float, firing: set[str]) -> LogEntry:
     a = alert()
     return LogEntry(route="hook", group_key=group, labels={"pool": "chat"}, created_at=T0,

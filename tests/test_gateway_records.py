@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from collector.request_log import GatewayRecord, GatewayRecords, RecordWriter
 from serving.gateway.accounting import ShareLedger, gpu_cost_per_second
-from serving.gateway.records import GatewayRecord, GatewayRecords, RecordWriter
-from slo.sli import RequestLog, RequestRecord
+from serving.gateway.batch_store import BatchStore
+from slo.sli import RequestLog
 from vigil.clock import ManualClock
 from vigil.config import parse_config
+from vigil.errors import StoreError
+from vigil.model import RequestRecord
 
 
 def _rec(i: int, *, ts: float, pool: str = "chat", error_class: str = "",
@@ -90,6 +93,20 @@ def test_no_file_means_no_records(tmp_path: Path) -> None:
     reader = GatewayRecords(tmp_path / "missing.db")
     assert list(reader.records("chat", 1e9, 1e9)) == [] and reader.get("x") is None
     assert not (tmp_path / "missing.db").exists()
+
+
+def test_a_file_of_the_batch_queue_alone_has_no_records(tmp_path: Path) -> None:
+    BatchStore(tmp_path / "gw.db").close()
+    assert GatewayRecords(tmp_path / "gw.db").rows(None, 1e9, 1e9) == []
+
+
+def test_a_file_that_is_not_sqlite_is_refused_by_name(tmp_path: Path) -> None:
+    bad = tmp_path / "gw.db"
+    bad.write_bytes(b"not a database " * 100)
+    with pytest.raises(StoreError, match=r"gw\.db: not a usable SQLite file for the gateway"):
+        GatewayRecords(bad).get("x")
+    with pytest.raises(StoreError, match=r"gw\.db: not a usable SQLite file for the gateway"):
+        RecordWriter(bad).start()
 
 
 def test_a_full_queue_drops_and_counts(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The counter rollup (``collector.rollup``) gives ``increase()`` exactly what the samples give.
+"""The counter rollup (``collector.store.rollup``) gives ``increase()`` what the samples give.
 
 Every comparison here is bit for bit: ``EmbeddedSource`` with the rollup (``use_rollup``, the
 default) against the same source reading every raw sample, on counters with resets (also
@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collector import rollup
-from collector.rollup import BLOCK_MS, CounterWindow, Plan
-from collector.store import SCHEMA_VERSION, Store
+from collector.store import SCHEMA_VERSION, Store, rollup
+from collector.store.rollup import BLOCK_MS, CounterWindow, Plan
+from collector.store.schema import set_meta
 from slo.embedded import EmbeddedSource
 from vigil.model import Labels, SeriesKey, labels_of
 
@@ -280,14 +280,14 @@ def test_a_long_window_reads_raw_samples_only_above_the_rollup(path: Path, monke
         wm = int(s._meta()[rollup.K_WATERMARK])
         assert wm == end - 60_000  # the head keeps the last minute
         calls: list[tuple[int, int]] = []
-        real = s._row_windows
+        real = s._reader._row_windows
 
         def spy(ids, lo, hi):  # type: ignore[no-untyped-def]
             if ids:
                 calls.append((lo, hi))
             return real(ids, lo, hi)
 
-        monkeypatch.setattr(s, "_row_windows", spy)
+        monkeypatch.setattr(s._reader, "_row_windows", spy)
         monkeypatch.setattr(s, "points", None)  # never called
         EmbeddedSource(s).increase("h_bucket", {}, end / 1000, 30 * 86400)
         assert calls == [(wm, end)]  # only what is still in the write head, sample by sample
@@ -373,7 +373,7 @@ def test_an_interrupted_rebuild_resumes(path: Path) -> None:
         s.compact(now=end / 1000)
         with s.transaction():  # as if compaction died half-way through a rebuild from hour 5
             s._c.execute("DELETE FROM rollup WHERE blk >= ?", (T0 // H + 5,))
-            s._set_meta(rollup.K_REBUILD, str(T0 + 5 * H))
+            set_meta(s._c, rollup.K_REBUILD, str(T0 + 5 * H))
         times = instants(15, T0, end, n=9)
         assert_same(s, "3", times)
         s.compact(now=end / 1000)

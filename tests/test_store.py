@@ -15,14 +15,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import collector.store as store_module
-from collector.store import (
-    SCHEMA_VERSION,
-    CompactionReport,
-    Store,
-    _encode_labels,
-    counter_like,
-)
+from collector.store import SCHEMA_VERSION, CompactionReport, Store, counter_like
+from collector.store import head as store_head
+from collector.store.codec import encode_labels
 from vigil.clock import ManualClock
 from vigil.errors import StoreError
 from vigil.model import Point, SeriesKey, TargetHealth
@@ -101,8 +96,8 @@ def test_points_and_labels_round_trip(store: Store) -> None:
 
 def test_labels_are_stored_as_canonical_json() -> None:
     labels = (("b", 'q"uote'), ("a", "é\\"), ("c", "\n\t"))
-    assert _encode_labels(labels) == json.dumps(sorted(labels), ensure_ascii=False,
-                                                separators=(",", ":"))
+    assert encode_labels(labels) == json.dumps(sorted(labels), ensure_ascii=False,
+                                               separators=(",", ":"))
 
 
 def test_nan_inf_and_stale_stay_distinct(store: Store) -> None:
@@ -185,7 +180,7 @@ def test_compaction_leaves_the_newest_minute_and_the_future_in_the_head(tmp_path
 def test_write_moves_the_head_itself_when_nobody_compacts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_module, "_HEAD_MAX_ROWS", 100)
+    monkeypatch.setattr(store_head, "_HEAD_MAX_ROWS", 100)
     clock = ManualClock(T0 / 1000)
     with Store(tmp_path / "vigil.db", clock=clock) as s:
         for i in range(121):
@@ -554,9 +549,9 @@ def test_backfill_below_the_watermark_is_downsampled_later(tmp_path: Path) -> No
         assert [p.ts_ms for p in s.points("kv_usage")[G]] == [T0 + 45_000, T0 + 9 * MIN]
 
 
-# --- the rollup (collector.rollup; exactness in tests/test_rollup.py) ---------------------------
+# --- the rollup (collector.store.rollup; exactness in tests/test_rollup.py) ---------------------
 def test_counter_windows_give_what_increase_needs(tmp_path: Path) -> None:
-    from collector.rollup import CounterWindow
+    from collector.store import CounterWindow
 
     gauge = key("reqs_total", instance="r3", pool="p")  # same name, but a gauge family
     with Store(tmp_path / "vigil.db") as s:

@@ -18,9 +18,7 @@ from __future__ import annotations
 import json
 import secrets
 import sqlite3
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,7 @@ from vigil.conventions import (
     BATCH_PURPOSE_OUTPUT,
     BATCH_REQUEST_ID_PREFIX,
 )
-from vigil.errors import StoreError
+from vigil.sqlite import Database
 
 __all__ = [
     "BatchStore",
@@ -57,8 +55,8 @@ _BACK_TO_QUEUE = (
     f"THEN '{CANCELLED}' WHEN batch_id IN (SELECT id FROM batch_batches "
     f"WHERE expired_at IS NOT NULL) THEN '{EXPIRED}' ELSE '{QUEUED}' END")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS batch_files (
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS batch_files (
     id TEXT PRIMARY KEY,
     tenant TEXT NOT NULL,
     purpose TEXT NOT NULL,
@@ -66,8 +64,8 @@ CREATE TABLE IF NOT EXISTS batch_files (
     bytes INTEGER NOT NULL,
     created_at INTEGER NOT NULL,
     content BLOB NOT NULL
-);
-CREATE TABLE IF NOT EXISTS batch_batches (
+)""",
+    """CREATE TABLE IF NOT EXISTS batch_batches (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     id TEXT NOT NULL UNIQUE,
     tenant TEXT NOT NULL,
@@ -92,10 +90,10 @@ CREATE TABLE IF NOT EXISTS batch_batches (
     errors TEXT,
     metadata TEXT,
     model TEXT
-);
-CREATE INDEX IF NOT EXISTS batch_batches_tenant ON batch_batches (tenant, seq);
-CREATE INDEX IF NOT EXISTS batch_batches_status ON batch_batches (status);
-CREATE TABLE IF NOT EXISTS batch_requests (
+)""",
+    "CREATE INDEX IF NOT EXISTS batch_batches_tenant ON batch_batches (tenant, seq)",
+    "CREATE INDEX IF NOT EXISTS batch_batches_status ON batch_batches (status)",
+    """CREATE TABLE IF NOT EXISTS batch_requests (
     batch_id TEXT NOT NULL,
     custom_id TEXT NOT NULL,
     -- the batch's seq, copied so that the release order needs no join
@@ -110,11 +108,11 @@ CREATE TABLE IF NOT EXISTS batch_requests (
     result TEXT,
     finished_at REAL,
     PRIMARY KEY (batch_id, custom_id)
-);
-CREATE INDEX IF NOT EXISTS batch_requests_release
-    ON batch_requests (pool, state, batch_seq, line);
-CREATE INDEX IF NOT EXISTS batch_requests_state ON batch_requests (batch_id, state);
-"""
+)""",
+    """CREATE INDEX IF NOT EXISTS batch_requests_release
+    ON batch_requests (pool, state, batch_seq, line)""",
+    "CREATE INDEX IF NOT EXISTS batch_requests_state ON batch_requests (batch_id, state)",
+)
 
 
 def new_id(prefix: str) -> str:
@@ -218,46 +216,24 @@ class BatchStore:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # Autocommit: every write is an explicit BEGIN IMMEDIATE ... COMMIT (``_tx``), so no
-            # transaction is ever left open between calls. check_same_thread off: the lock
-            # serialises the rare call from another thread (``depth`` from a metrics scrape).
-            self._db = sqlite3.connect(self.path, isolation_level=None,
-                                       check_same_thread=False, timeout=10.0)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open the batch queue at {self.path}: {exc}") from None
-        self._lock = threading.Lock()
+        # Every write is one BEGIN IMMEDIATE ... COMMIT, so no transaction is ever left open
+        # between calls; the lock serialises the rare call from another thread (``depth`` from
+        # a metrics scrape).
+        self._db = Database(self.path, what="the batch queue", schema=_SCHEMA)
 
     def close(self) -> None:
         """Close the connection (the state is already on disk)."""
-        with self._lock:
-            self._db.close()
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        self._db.close()
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
-            return self._db.execute(sql, args).fetchall()
+        return self._db.query(sql, args)
 
     # --- files ------------------------------------------------------------------------------
     def add_file(self, *, tenant: str, purpose: str, filename: str, content: bytes,
                  now: int) -> StoredFile:
         """Store ``content`` as a new file of ``tenant``."""
         f = StoredFile(new_id(BATCH_FILE_ID_PREFIX), tenant, purpose, filename, len(content), now)
-        with self._tx() as db:
+        with self._db.transaction() as db:
             self._insert_file(db, f, content)
         return f
 
@@ -285,7 +261,7 @@ class BatchStore:
                   model: str | None, requests: Sequence[NewRequest], now: int) -> str:
         """A new ``in_progress`` batch with ``requests`` queued; returns its id."""
         batch_id = new_id(BATCH_ID_PREFIX)
-        with self._tx() as db:
+        with self._db.transaction() as db:
             cur = db.execute(
                 "INSERT INTO batch_batches (id, tenant, key_id, input_file_id, endpoint, "
                 "completion_window, status, created_at, expires_at, in_progress_at, metadata, "
@@ -306,7 +282,7 @@ class BatchStore:
                          now: int) -> str:
         """A batch that failed validation (status ``failed``, ``errors`` set); returns its id."""
         batch_id = new_id(BATCH_ID_PREFIX)
-        with self._tx() as db:
+        with self._db.transaction() as db:
             db.execute(
                 "INSERT INTO batch_batches (id, tenant, key_id, input_file_id, endpoint, "
                 "completion_window, status, created_at, expires_at, failed_at, ended_at, "
@@ -348,7 +324,7 @@ class BatchStore:
     def cancel(self, batch_id: str, now: int) -> None:
         """Start cancelling an ``in_progress`` batch: queued requests are dropped at once,
         requests in flight finish (the next ``finalize_ready`` ends the batch)."""
-        with self._tx() as db:
+        with self._db.transaction() as db:
             cur = db.execute("UPDATE batch_batches SET status = 'cancelling', cancelling_at = ? "
                              "WHERE id = ? AND status IN ('validating', 'in_progress')",
                              (now, batch_id))
@@ -360,7 +336,7 @@ class BatchStore:
     def requeue_in_flight(self) -> int:
         """Queue again what a stopped process left in flight (at-least-once), except in
         batches cancelled or expired meanwhile (those requests end so); how many."""
-        with self._tx() as db:
+        with self._db.transaction() as db:
             return db.execute(f"UPDATE batch_requests SET state = {_BACK_TO_QUEUE} "
                               "WHERE state = ?", (IN_FLIGHT,)).rowcount
 
@@ -372,7 +348,7 @@ class BatchStore:
     def claim(self, pool: str, n: int, now: float) -> list[ClaimedRequest]:
         """Take up to ``n`` of ``pool``'s ready requests, oldest batch first, in file order,
         and mark them in flight."""
-        with self._tx() as db:
+        with self._db.transaction() as db:
             rows = db.execute(
                 "SELECT r.batch_id, r.custom_id, r.pool, r.endpoint, r.body, r.attempts, "
                 "b.tenant, b.key_id FROM batch_requests r JOIN batch_batches b "
@@ -386,7 +362,7 @@ class BatchStore:
     def finish(self, batch_id: str, custom_id: str, *, ok: bool, line: dict[str, Any],
                now: float) -> None:
         """Store a sent request's result line (output file if ``ok``, else error file)."""
-        with self._tx() as db:
+        with self._db.transaction() as db:
             db.execute("UPDATE batch_requests SET state = ?, result = ?, finished_at = ? "
                        "WHERE batch_id = ? AND custom_id = ? AND state = ?",
                        (OK if ok else ERROR, json.dumps(line), now, batch_id, custom_id,
@@ -396,7 +372,7 @@ class BatchStore:
                     not_before: float) -> None:
         """Put a request whose send failed back in the queue, not to be sent before
         ``not_before`` (clock seconds)."""
-        with self._tx() as db:
+        with self._db.transaction() as db:
             db.execute(f"UPDATE batch_requests SET state = {_BACK_TO_QUEUE}, attempts = ?, "
                        "not_before = ? WHERE batch_id = ? AND custom_id = ? AND state = ?",
                        (attempts, not_before, batch_id, custom_id, IN_FLIGHT))
@@ -409,7 +385,7 @@ class BatchStore:
     def expire_due(self, now: int) -> list[str]:
         """Batches past their completion window: their queued requests expire (requests in
         flight finish). Returns the ids of the batches that expired now."""
-        with self._tx() as db:
+        with self._db.transaction() as db:
             ids = [r[0] for r in db.execute(
                 "SELECT id FROM batch_batches WHERE status = 'in_progress' AND expired_at IS NULL "
                 "AND expires_at <= ?", (now,))]
@@ -422,7 +398,7 @@ class BatchStore:
     def finalize_ready(self, now: int) -> list[str]:
         """End every running batch with nothing left queued or in flight: write its output and
         error files and set its final status. Returns the ids of the batches ended."""
-        with self._tx() as db:
+        with self._db.transaction() as db:
             ready = db.execute(
                 "SELECT id, tenant, status, expired_at FROM batch_batches b "
                 "WHERE status IN ('in_progress', 'cancelling') AND NOT EXISTS ("
@@ -475,7 +451,7 @@ class BatchStore:
         and output files, and input files that old which no remaining batch uses. Returns how
         many batches were removed."""
         cutoff = now - retention
-        with self._tx() as db:
+        with self._db.transaction() as db:
             old = db.execute("SELECT id, output_file_id, error_file_id FROM batch_batches "
                              "WHERE ended_at IS NOT NULL AND ended_at <= ?", (cutoff,)).fetchall()
             for batch_id, output_id, error_id in old:

@@ -1,10 +1,14 @@
-"""Per-request records in SQLite: written off the response path, read by the SLO engine.
+"""The gateway's per-request records in SQLite: written by the gateway, read by the engine.
 
 ``RecordWriter`` takes finished requests on a bounded in-memory queue (``put`` never blocks or
 touches the disk) and a writer thread inserts them in batches, so a slow disk delays records,
 never responses; when the queue is full the record is dropped and counted. ``GatewayRecords``
 implements ``slo.sli.RequestLog`` over the same file, opened read-only: the file is in WAL mode,
 so readers never block the writer (and the batch queue, which shares the file).
+
+The gateway decides what a record says (``serving.gateway.pipeline``); this module only keeps
+them, beside the other stores the engine reads, so that the engine and the dashboard read them
+without depending on the gateway.
 
 One row per request that reached the gateway, including refusals (401, 400, 404, 413, 429) and
 cancellations; see docs/gateway.md for the columns.
@@ -14,23 +18,28 @@ from __future__ import annotations
 
 import logging
 import queue
-import sqlite3
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from slo.sli import RequestRecord
 from vigil.conventions import ERROR_SERVER_CLASSES, GATEWAY_RECORDS_TABLE
 from vigil.errors import StoreError
+from vigil.model import RequestRecord
+from vigil.sqlite import Database
 
 __all__ = ["GatewayRecord", "GatewayRecords", "RecordWriter"]
 
 log = logging.getLogger("vigil.gateway.records")
 
+#: How the records file names itself in errors.
+WHAT = "the gateway records"
+#: Records written in one transaction at the most.
+MAX_BATCH = 1000
+
 _T = GATEWAY_RECORDS_TABLE
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS {_T} (
+_SCHEMA = (
+    f"""CREATE TABLE IF NOT EXISTS {_T} (
     id TEXT PRIMARY KEY,
     start_s REAL NOT NULL,
     ts_s REAL NOT NULL,
@@ -60,9 +69,9 @@ CREATE TABLE IF NOT EXISTS {_T} (
     upstream_id TEXT NOT NULL,
     batch_id TEXT NOT NULL,
     message TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS {_T}_pool_ts ON {_T} (pool, ts_s);
-"""
+)""",
+    f"CREATE INDEX IF NOT EXISTS {_T}_pool_ts ON {_T} (pool, ts_s)",
+)
 
 
 class GatewayRecord(NamedTuple):
@@ -113,23 +122,10 @@ class GatewayRecord(NamedTuple):
 
 
 _COLUMNS = GatewayRecord._fields
+_SELECT = f"SELECT {', '.join(_COLUMNS)} FROM {_T}"
 _INSERT = (f"INSERT OR REPLACE INTO {_T} ({', '.join(_COLUMNS)}) "
            f"VALUES ({', '.join('?' for _ in _COLUMNS)})")
 _STOP = object()
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        # The batch queue writes to the same file: wait for its transactions, do not fail.
-        conn.execute("PRAGMA busy_timeout=10000")
-        conn.executescript(_SCHEMA)
-    except (sqlite3.Error, OSError) as exc:
-        raise StoreError(f"cannot open the gateway records database {path}: {exc}") from None
-    return conn
 
 
 class RecordWriter:
@@ -141,7 +137,7 @@ class RecordWriter:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
         self._flush_interval = flush_interval
         self._thread: threading.Thread | None = None
-        self._conn: sqlite3.Connection | None = None
+        self._db: Database | None = None
         #: Records lost because the queue was full (the disk could not keep up).
         self.dropped = 0
         #: Records written so far.
@@ -149,8 +145,12 @@ class RecordWriter:
         self._flushed = threading.Condition()
 
     def start(self) -> None:
-        """Open (and create) the database in the caller's thread, then start writing."""
-        self._conn = _connect(self.path)
+        """Open (and create) the database in the caller's thread, then start writing.
+
+        Raises ``StoreError`` (naming the file) when it cannot be opened: better at start-up
+        than a gateway that silently keeps no records.
+        """
+        self._db = Database(self.path, what=WHAT, schema=_SCHEMA)
         self._thread = threading.Thread(target=self._run, name="gateway-records", daemon=True)
         self._thread.start()
 
@@ -162,24 +162,27 @@ class RecordWriter:
             self.dropped += 1
 
     def close(self, timeout: float = 10.0) -> None:
-        """Write what is queued, then stop the thread and close the database."""
+        """Write what is queued (waiting up to ``timeout`` seconds), then stop the thread and
+        close the database."""
         if self._thread is None:
             return
         self._queue.put(_STOP)
         self._thread.join(timeout)
         self._thread = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._db is not None:
+            self._db.close()
+            self._db = None
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Block until everything queued so far is written (tests, shutdown); True if it was."""
+        """Block until everything queued so far is written (tests, shutdown), at most
+        ``timeout`` seconds; True if it was."""
         with self._flushed:
             return self._flushed.wait_for(lambda: self._queue.unfinished_tasks == 0, timeout)
 
     def _run(self) -> None:
-        conn = self._conn
-        assert conn is not None  # set by start() before the thread exists
+        db = self._db
+        if db is None:
+            return  # start() sets it before the thread exists
         stop = False
         while not stop:
             batch: list[GatewayRecord] = []
@@ -192,7 +195,7 @@ class RecordWriter:
                 stop = True
             else:
                 batch.append(item)
-            while len(batch) < 1000:
+            while len(batch) < MAX_BATCH:
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
@@ -203,77 +206,73 @@ class RecordWriter:
                 else:
                     batch.append(item)
             if batch:
-                self._write(conn, batch)
+                self._write(db, batch)
             for _ in range(taken):
                 self._queue.task_done()
             with self._flushed:
                 self._flushed.notify_all()
 
-    def _write(self, conn: sqlite3.Connection, batch: list[GatewayRecord]) -> None:
+    def _write(self, db: Database, batch: list[GatewayRecord]) -> None:
         try:
-            with conn:
-                conn.execute("BEGIN")
-                conn.executemany(_INSERT, batch)
+            with db.transaction() as c:
+                c.executemany(_INSERT, batch)
             self.written += len(batch)
-        except sqlite3.Error:
+        except StoreError:
             # A record is worth less than the gateway: log and keep serving.
             log.exception("could not write %d gateway records", len(batch))
             self.dropped += len(batch)
 
 
 class GatewayRecords:
-    """The records file, read-only: ``slo.sli.RequestLog`` and a few queries."""
+    """The records file, read-only: ``slo.sli.RequestLog`` and a few queries.
+
+    Each read opens the file and closes it again, so one instance may serve any thread.
+    """
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
 
-    def _open(self) -> sqlite3.Connection | None:
+    def _open(self) -> Database | None:
         if not self.path.exists():
             return None  # the gateway never ran: no records yet, not an error
+        db = Database(self.path, what=WHAT, readonly=True)
         try:
-            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
-            conn.execute("PRAGMA busy_timeout=5000")
-            conn.row_factory = sqlite3.Row
-            conn.execute(f"SELECT 1 FROM {_T} LIMIT 0")
-        except sqlite3.OperationalError as exc:
-            if "no such table" in str(exc):
-                return None
-            raise StoreError(f"cannot read gateway records {self.path}: {exc}") from None
-        return conn
+            found = db.query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                             (_T,))
+        except BaseException:
+            db.close()
+            raise
+        if not found:
+            db.close()
+            return None  # created by the batch queue alone: no request recorded yet
+        return db
 
     def rows(self, pool: str | None, at_s: float, window_s: float) -> list[GatewayRecord]:
         """Every stored column of the requests (of ``pool``, or all pools when None) that
-        finished in ``(at_s - window_s, at_s]``, oldest first."""
-        conn = self._open()
-        if conn is None:
-            return []
-        sql = f"SELECT {', '.join(_COLUMNS)} FROM {_T} WHERE ts_s > ? AND ts_s <= ?"
+        finished in ``(at_s - window_s, at_s]`` (Unix seconds), oldest first."""
+        sql = f"{_SELECT} WHERE ts_s > ? AND ts_s <= ?"
         args: list[Any] = [at_s - window_s, at_s]
         if pool is not None:
             sql += " AND pool = ?"
             args.append(pool)
-        try:
-            with conn:
-                cur = conn.execute(sql + " ORDER BY ts_s", args)
-                return [_record(row) for row in cur]
-        finally:
-            conn.close()
+        db = self._open()
+        if db is None:
+            return []
+        with db:
+            return [_record(row) for row in db.query(sql + " ORDER BY ts_s", args)]
 
     def get(self, request_id: str) -> GatewayRecord | None:
         """The record of one request (by the ``X-Vigil-Request-Id`` the client got)."""
-        conn = self._open()
-        if conn is None:
+        db = self._open()
+        if db is None:
             return None
-        try:
-            row = conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM {_T} WHERE id = ?",
-                               (request_id,)).fetchone()
-        finally:
-            conn.close()
-        return None if row is None else _record(row)
+        with db:
+            found = db.query(f"{_SELECT} WHERE id = ?", (request_id,))
+        return _record(found[0]) if found else None
 
     def records(self, pool: str, at_s: float, window_s: float) -> Iterable[RequestRecord]:
         """``slo.sli.RequestLog``: the pool's requests that finished in
-        ``(at_s - window_s, at_s]``."""
+        ``(at_s - window_s, at_s]`` (Unix seconds)."""
         return [RequestRecord(
             id=r.id, ts_s=r.ts_s, pool=r.pool, model=r.model, endpoint=r.endpoint,
             prompt_tokens=r.prompt_tokens, generated_tokens=r.completion_tokens,
@@ -282,7 +281,7 @@ class GatewayRecords:
             cost_usd=r.cost_usd, saved_usd=r.saved_usd) for r in self.rows(pool, at_s, window_s)]
 
 
-def _record(row: sqlite3.Row) -> GatewayRecord:
+def _record(row: Sequence[Any]) -> GatewayRecord:
     values = dict(zip(_COLUMNS, row, strict=True))
     values["stream"] = bool(values["stream"])
     values["error"] = bool(values["error"])

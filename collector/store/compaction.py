@@ -1,0 +1,281 @@
+"""Compaction: moving the head, expiry, downsampling, and keeping the rollup up to date.
+
+``Store.compact`` runs every few minutes. It moves the head (``collector.store.head``), deletes
+samples older than the downsampled retention, downsamples raw samples older than the raw
+retention to one per ``resolution_s`` bucket (keeping what counters need: the samples either
+side of every reset, and every staleness marker), and rolls up what is no longer in the head
+(``collector.store.rollup``). All of it is SQL over bounded pieces, a slice of time for a chunk
+of series per transaction, so that no transaction holds the write lock for long (the collector
+must keep writing) and no step needs memory proportional to the database. Progress is durable
+per piece: an interrupted compaction resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
+from collector.store import rollup
+from collector.store.codec import TS_MAX, floor_to
+from collector.store.head import HEAD_KEEP_MS, SERIES_CHUNK, WriteHead, move_rows
+from collector.store.schema import K_BACKFILL, K_SERIES_GEN, K_WATERMARK, read_meta, set_meta
+from vigil.clock import Clock
+from vigil.sqlite import Database
+
+__all__ = ["CompactionReport", "Compactor"]
+
+#: Span of time per downsampling transaction (ms; a multiple of any sane resolution).
+_COMPACT_SLICE_MS = 3_600_000
+#: Rollup (re)building: blocks per transaction (with a chunk of series): 6 h of 15 s scrapes
+#: for 2,000 series is ~3M samples to scan.
+_ROLLUP_SLICE_MS = 6 * rollup.BLOCK_MS
+
+# The series of one chunk, as a subquery: ``series_id IN (...)`` lets SQLite seek each series'
+# (series_id, ts) range in the primary key instead of scanning every series' whole history.
+_CHUNK_IDS = "SELECT id FROM series WHERE id >= :a AND id < :b"
+
+# Downsampling, for the series of one chunk and the raw span [lo, hi) (bucket-aligned):
+# a non-marker row is deleted unless it is the last non-marker row of its bucket, or (for a
+# counter-like series) it sits next to a reset: the row before a drop and the row after it.
+# Keeping both makes the downsampled data give exactly the raw data's sum of deltas (with a
+# drop counting the new value, as Prometheus does): every kept-to-kept stretch is monotonic.
+# LAG/LEAD skip staleness markers (not in the window) and markers are never deleted. The row
+# before the first one in the span comes from already-downsampled data, which always keeps the
+# last value of each bucket, so it is the true predecessor.
+_DOWNSAMPLE = f"""
+DELETE FROM samples WHERE (series_id, ts) IN (
+    SELECT sid, ts FROM (
+        SELECT s.series_id AS sid, s.ts AS ts, s.value AS v, ser.counter AS c,
+               LAG(s.value) OVER w AS prev, LEAD(s.value) OVER w AS nxt,
+               LEAD(s.ts) OVER w AS nts
+        FROM samples AS s JOIN series AS ser ON ser.id = s.series_id
+        WHERE s.series_id IN ({_CHUNK_IDS}) AND s.ts >= :lo AND s.ts < :hi
+          AND s.value IS NOT NULL
+        WINDOW w AS (PARTITION BY s.series_id ORDER BY s.ts)
+    )
+    WHERE nts IS NOT NULL AND nts / :res = ts / :res
+      AND NOT (c AND (
+            nxt < v
+            OR COALESCE(
+                prev,
+                (SELECT p.value FROM samples AS p
+                 WHERE p.series_id = sid AND p.ts < :lo AND p.value IS NOT NULL
+                 ORDER BY p.ts DESC LIMIT 1),
+                v) > v))
+)
+"""
+_COUNT_SPAN = (
+    f"SELECT COUNT(*) FROM samples WHERE series_id IN ({_CHUNK_IDS}) AND ts >= :lo AND ts < :hi"
+)
+_EXPIRE = f"DELETE FROM samples WHERE series_id IN ({_CHUNK_IDS}) AND ts < :cut"
+_DROP_EMPTY_SERIES = """
+DELETE FROM series WHERE id >= :a AND id < :b
+  AND NOT EXISTS (SELECT 1 FROM samples WHERE series_id = series.id)
+  AND NOT EXISTS (SELECT 1 FROM samples_head WHERE series_id = series.id)
+"""
+# The oldest sample, by one primary-key seek per series (a bare MIN(ts) would scan the table).
+_MIN_TS = "SELECT MIN((SELECT MIN(ts) FROM samples WHERE series_id = series.id)) FROM series"
+_MAX_ID = "SELECT MAX(id) FROM series"
+
+
+class CompactionReport(NamedTuple):
+    """What one ``Store.compact`` did (row counts; ``watermark_ms`` Unix ms).
+
+    ``rows_before``: raw rows in the span downsampled this time; ``rows_deleted``: of those,
+    removed by downsampling; ``rows_kept_downsampled``: of those, kept; ``rows_expired``: rows
+    older than the downsampled retention, removed; ``watermark_ms``: samples older than this
+    are downsampled; ``series_deleted``: series rows removed because no sample was left;
+    ``rows_moved``: recent samples moved from the write-optimised head to the main table;
+    ``rollup_blocks``: (series, hour) rollup rows written (``collector.store.rollup``).
+    """
+
+    rows_before: int
+    rows_deleted: int
+    rows_kept_downsampled: int
+    rows_expired: int
+    watermark_ms: int
+    series_deleted: int = 0
+    rows_moved: int = 0
+    rollup_blocks: int = 0
+
+
+class Compactor:
+    """A ``Store``'s compaction: retention (seconds) and resolution (ms) as the store's."""
+
+    def __init__(self, db: Database, head: WriteHead, clock: Clock, *, raw_retention_s: float,
+                 downsampled_retention_s: float, resolution_ms: int) -> None:
+        self._db = db
+        self._head = head
+        self._clock = clock
+        self._raw_retention_s = raw_retention_s
+        self._downsampled_retention_s = downsampled_retention_s
+        self._res_ms = resolution_ms
+
+    def compact(self, now: float | None = None) -> CompactionReport:
+        """``Store.compact`` (``now`` Unix seconds; the clock if None)."""
+        db = self._db
+        db.require_writable("compact")
+        now_s = self._clock() if now is None else float(now)
+        raw_cut = floor_to(math.floor((now_s - self._raw_retention_s) * 1000), self._res_ms)
+        exp_cut = math.floor((now_s - self._downsampled_retention_s) * 1000)
+        with db.lock, db.errors_as("compact"):
+            return self._compact(math.floor(now_s * 1000), raw_cut, exp_cut)
+
+    @contextmanager
+    def _step(self) -> Iterator[sqlite3.Connection]:
+        """One bounded transaction of compaction."""
+        with self._head.transaction() as conn, self._db.errors_as("compact"):
+            yield conn
+
+    def _chunks(self, conn: sqlite3.Connection) -> list[tuple[int, int]]:
+        max_id = conn.execute(_MAX_ID).fetchone()[0] or 0
+        return [(a, a + SERIES_CHUNK) for a in range(0, max_id + 1, SERIES_CHUNK)]
+
+    def _compact(self, now_ms: int, raw_cut: int, exp_cut: int) -> CompactionReport:
+        conn = self._db.conn
+        res = self._res_ms
+        # Downsampling and expiry work on ``samples``: everything below the raw cutoff must be
+        # there. (A sample written to the head meanwhile is moved next time; if it is below the
+        # watermark, write() noted a backfill, so its bucket is downsampled again then.)
+        cut = max(raw_cut, now_ms - HEAD_KEEP_MS)
+        moved = self._head.move(cut, "compact")
+        meta = read_meta(conn)
+        wm = int(meta[K_WATERMARK]) if K_WATERMARK in meta else None
+        # Blocks below the rollup watermark are maintained here, in the same transaction as
+        # the change to their samples (expiry, downsampling); the watermark itself only
+        # moves in _roll_up, after both.
+        rwm = int(meta[rollup.K_WATERMARK]) if rollup.K_WATERMARK in meta else None
+        rolled = 0
+        backfill = meta.get(K_BACKFILL)
+        chunks = self._chunks(conn)
+
+        # 1. Expiry first: nothing below exp_cut needs downsampling.
+        expired = 0
+        series_deleted = 0
+        for a, b in chunks:
+            with self._step():
+                gone = conn.execute(_EXPIRE, {"a": a, "b": b, "cut": exp_cut}).rowcount
+                expired += gone
+                if gone and rwm is not None:
+                    rolled += rollup.expire(conn, a, b, exp_cut, rwm)
+                n = conn.execute(_DROP_EMPTY_SERIES, {"a": a, "b": b}).rowcount
+                if n:
+                    series_deleted += n
+                    conn.execute(
+                        "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = ?",
+                        (K_SERIES_GEN,),
+                    )
+                    self._head.forget_ids()
+
+        # 2. Downsample [lo, raw_cut).
+        if wm is None:
+            oldest = conn.execute(_MIN_TS).fetchone()[0]
+            lo = raw_cut if oldest is None else floor_to(oldest, res)
+        else:
+            lo = wm
+        if backfill is not None:
+            lo = min(lo, int(backfill))
+        lo = max(lo, floor_to(exp_cut, res))
+        rows_before = deleted = 0
+        old_wm = wm
+        # Slice bounds stay bucket-aligned (lo is) so that no bucket is split between slices.
+        step = max(res, floor_to(_COMPACT_SLICE_MS, res))
+        slice_lo = lo
+        while slice_lo < raw_cut:
+            slice_hi = min(raw_cut, slice_lo + step)
+            for a, b in chunks:
+                params = {"a": a, "b": b, "lo": slice_lo, "hi": slice_hi, "res": res}
+                with self._step():
+                    rows_before += conn.execute(_COUNT_SPAN, params).fetchone()[0]
+                    n = conn.execute(_DOWNSAMPLE, params).rowcount
+                    deleted += n
+                    if n and rwm is not None:
+                        # The hours whose samples changed, as far as they are rolled up.
+                        rolled += rollup.rebuild(
+                            conn, a, b, max(0, rollup.block_floor(slice_lo)),
+                            min(rollup.block_ceil(slice_hi), rwm), rwm,
+                        )
+            slice_lo = slice_hi
+            if wm is None or slice_lo > wm:
+                # Progress is durable per slice: an interrupted compaction resumes here.
+                # (Re-running a slice would be harmless: the rule keeps what it kept.)
+                with self._step():
+                    set_meta(conn, K_WATERMARK, str(slice_lo))
+                wm = slice_lo
+        new_wm = raw_cut if wm is None else max(wm, raw_cut)
+        with self._step():
+            set_meta(conn, K_WATERMARK, str(new_wm))
+            if backfill is not None and (old_wm is None or raw_cut >= old_wm):
+                # Done with the backfill, unless a writer lowered the mark again meanwhile.
+                conn.execute(
+                    "DELETE FROM meta WHERE key = ? AND value = ?", (K_BACKFILL, backfill)
+                )
+        rolled += self._roll_up(cut)
+        return CompactionReport(
+            rows_before=rows_before,
+            rows_deleted=deleted,
+            rows_kept_downsampled=rows_before - deleted,
+            rows_expired=expired,
+            watermark_ms=new_wm,
+            series_deleted=series_deleted,
+            rows_moved=moved,
+            rollup_blocks=rolled,
+        )
+
+    def _roll_up(self, cut_ms: int) -> int:
+        """Advance the rollup watermark to ``cut_ms`` (the head holds nothing older) and
+        (re)build what needs it: from the hour holding the old watermark on, and the hours a
+        write marked stale (``collector.store.rollup``). Returns the block rows written."""
+        with self._step() as conn:
+            meta = read_meta(conn)
+            new_w = max(0, cut_ms)
+            marks = [int(meta[k]) for k in (rollup.K_DIRTY, rollup.K_REBUILD) if k in meta]
+            oldest = conn.execute(_MIN_TS).fetchone()[0]
+            if rollup.K_WATERMARK in meta:
+                w = int(meta[rollup.K_WATERMARK])
+            else:  # first build (new or migrated store): from the oldest sample on
+                w = new_w if oldest is None else min(new_w, max(0, rollup.block_floor(oldest)))
+                set_meta(conn, rollup.K_WATERMARK, str(w))
+            if new_w > w:
+                # Normally a no-op (the head moved with cut_ms), but a writer may have added to
+                # the head since: in this transaction, so that from now on every write below
+                # the new watermark marks its hour stale (write() reads it at BEGIN).
+                move_rows(conn, 0, TS_MAX, new_w)
+                marks.append(w)
+                w = new_w
+                set_meta(conn, rollup.K_WATERMARK, str(w))
+            if not marks:
+                return 0
+            # Nothing to build below the oldest sample; rows there could only be stale.
+            start = max(0, rollup.block_floor(min(marks)))
+            floor = w if oldest is None else max(0, rollup.block_floor(oldest))
+            if start < floor:
+                start = min(floor, w)
+                blk = start // rollup.BLOCK_MS
+                conn.execute("DELETE FROM rollup WHERE blk < ?", (blk,))
+                conn.execute("DELETE FROM rollup_day WHERE day < ?",
+                             (-(-blk // rollup.BLOCKS_PER_DAY),))
+                conn.execute("DELETE FROM rollup_resets WHERE ts < ?", (start,))
+                conn.execute("DELETE FROM rollup_gauge WHERE blk < ?", (blk,))
+                conn.execute("DELETE FROM rollup_gauge_day WHERE day < ?",
+                             (-(-blk // rollup.BLOCKS_PER_DAY),))
+            set_meta(conn, rollup.K_REBUILD, str(start))
+            conn.execute("DELETE FROM meta WHERE key = ?", (rollup.K_DIRTY,))
+            # Series created after this transaction write below `w` only as a backfill (D).
+            chunks = self._chunks(conn)
+        written = 0
+        lo = start
+        while lo < w:
+            hi = min(w, lo + _ROLLUP_SLICE_MS)
+            for a, b in chunks:
+                with self._step():
+                    written += rollup.rebuild(conn, a, b, lo, hi, w)
+            with self._step():  # progress is durable: an interruption resumes here
+                set_meta(conn, rollup.K_REBUILD, str(hi))
+            lo = hi
+        with self._step():
+            conn.execute("DELETE FROM meta WHERE key = ?", (rollup.K_REBUILD,))
+        return written
