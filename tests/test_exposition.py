@@ -11,7 +11,7 @@ import math
 import os
 import random
 import re
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -45,9 +45,17 @@ def unescaped_names(openmetrics: str) -> str:
     return re.sub(r"(?m)^vllm_", "vllm:", openmetrics)
 
 
+#: prometheus_client's text parser reads "1" as int from 0.22 on and as float before; ours reads
+#: it as the newer library does, on every version. Where the installed library is older, an int
+#: of ours beside its float of the same value is the same number.
+LIBRARY_TEXT_INTS = type(next(library_text("g 1\n")).samples[0].value) is int
+
+
 def same_number(a: object, b: object) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
+    if not LIBRARY_TEXT_INTS and type(a) is int and type(b) is float:
+        return float(a) == b
     return type(a) is type(b) and a == b
 
 
@@ -74,7 +82,7 @@ def assert_identical(ours: list[Metric], theirs: list[Metric]) -> None:
                 s.exemplar.labels == t.exemplar.labels
                 and same_number(s.exemplar.value, t.exemplar.value)
             )
-            assert s.native_histogram is t.native_histogram is None
+            assert s[5:] == t[5:] == (None,) * (len(Sample._fields) - 5)  # native_histogram
     if not any(math.isnan(s.value) for m in theirs for s in m.samples):
         assert ours == theirs
 
@@ -576,37 +584,37 @@ def test_source_is_reported():
     assert err.source == "chat-0" and str(err).startswith("chat-0:2: invalid sample value")
 
 
-# --- garbage fails fast, in linear time -------------------------------------------------
+# --- garbage fails with a short reason (its speed: bench/limits_bench.py) -------------
 
 TEN_MB = 10 * 1024 * 1024
 
 
-@pytest.mark.parametrize(
-    "make",
-    [
-        pytest.param(lambda: os.urandom(TEN_MB), id="random-bytes"),
-        pytest.param(lambda: random.Random(7).randbytes(TEN_MB).decode("latin-1"),
-                     id="random-str"),
-        pytest.param(lambda: "a" * TEN_MB, id="one-huge-name"),
-        pytest.param(lambda: 'g{a="' + "\\" * TEN_MB, id="backslashes-in-a-value"),
-        pytest.param(lambda: 'g{a="' + '\\"' * (TEN_MB // 2), id="escaped-quotes"),
-        pytest.param(lambda: "g{" + 'a="b",' * (TEN_MB // 6), id="endless-label-set"),
-        pytest.param(lambda: "\x00" * TEN_MB, id="nul-bytes"),
-    ],
-)
-def test_garbage_fails_fast_with_a_short_reason(make):
-    body = make()
-    start = time.perf_counter()
-    err = parse_error(body)
-    assert time.perf_counter() - start < 3.0  # ~0.1 s here; generous for a loaded machine
+#: Ten-megabyte bodies a broken or hostile target might serve, by name. How fast each fails is
+#: measured against its budget by ``bench/limits_bench.py``, not asserted here.
+GARBAGE: dict[str, Callable[[], str | bytes]] = {
+    "random-bytes": lambda: os.urandom(TEN_MB),
+    "random-str": lambda: random.Random(7).randbytes(TEN_MB).decode("latin-1"),
+    "one-huge-name": lambda: "a" * TEN_MB,
+    "backslashes-in-a-value": lambda: 'g{a="' + "\\" * TEN_MB,
+    "escaped-quotes": lambda: 'g{a="' + '\\"' * (TEN_MB // 2),
+    "endless-label-set": lambda: "g{" + 'a="b",' * (TEN_MB // 6),
+    "nul-bytes": lambda: "\x00" * TEN_MB,
+}
+
+
+def pathological_comment() -> str:
+    """Ten megabytes of escapes and quotes in comments, then one sample."""
+    return "# HELP g " + '\\"' * (TEN_MB // 2) + "\n# x " + '"\\ ' * (TEN_MB // 3) + "\ng 1\n"
+
+
+@pytest.mark.parametrize("name", list(GARBAGE))
+def test_garbage_fails_with_a_short_reason(name):
+    err = parse_error(GARBAGE[name]())
     assert 1 <= err.line < 100 and len(err.reason) < 300  # random bytes may hold a newline
 
 
-def test_pathological_comment_is_linear():
-    body = "# HELP g " + '\\"' * (TEN_MB // 2) + "\n# x " + '"\\ ' * (TEN_MB // 3) + "\ng 1\n"
-    start = time.perf_counter()
-    (family,) = parse_text(body)
-    assert time.perf_counter() - start < 3.0
+def test_pathological_comment_parses():
+    (family,) = parse_text(pathological_comment())
     assert family.samples[0].value == 1
 
 
