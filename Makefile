@@ -32,10 +32,10 @@ $(STAMP): pyproject.toml
 		echo "python3 -m venv failed; installing Debian's python3-venv"; \
 		$(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/pip install -q --upgrade pip
-	@# The CPU build of torch lies on this machine's disk; an unpinned torch (pulled in by
-	@# sentence-transformers) would download a multi-GB CUDA build instead.
+	@# torch==2.13.0 first, as a CPU build: the semantic cache only embeds on the CPU, and an
+	@# unpinned torch pulled in by sentence-transformers would be a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,semantic]'
+	$(BIN)/pip install -q -e '.[dev,dashboard,gateway,semantic]'
 	@touch $@
 
 # The tests start a real Prometheus (Debian's package); install it when promtool is missing.

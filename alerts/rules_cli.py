@@ -21,26 +21,20 @@ import argparse
 import sys
 from typing import TextIO
 
+from vigil.cli_options import (
+    add_config_option,
+    add_out_option,
+    add_prometheus_url_option,
+    positive_duration_arg,
+)
 from vigil.conventions import FILE_KEDA
-from vigil.durations import parse_duration
 
 __all__ = ["add_arguments", "run"]
 
 
-def _duration_arg(text: str) -> float:
-    try:
-        seconds = parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
-    return seconds
-
-
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", required=True, metavar="FILE", help="Vigil TOML config file")
-    p.add_argument("--out", "-o", metavar="DIR",
-                   help="write the files into DIR (created if missing) instead of printing")
+    add_config_option(p)
+    add_out_option(p, help="write the files into DIR (created if missing) instead of printing")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,19 +48,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "does.",
     )
     _common(p)
-    p.add_argument("--interval", type=_duration_arg, default=30.0, metavar="DURATION",
-                   help="evaluation interval of the rule groups (default 30s)")
-    p.add_argument("--period-interval", type=_duration_arg, default=300.0, metavar="DURATION",
-                   help="evaluation interval of the 30-day budget groups (default 5m)")
+    p.add_argument("--interval", type=positive_duration_arg, default=None, metavar="DURATION",
+                   help="evaluation interval of the rule groups (default: [rules] interval)")
+    p.add_argument("--period-interval", type=positive_duration_arg, default=None,
+                   metavar="DURATION",
+                   help="evaluation interval of the 30-day budget groups (default: [rules] "
+                        "period_interval)")
     p = sub.add_parser(
         "keda",
         help="one KEDA ScaledObject per pool",
         description="KEDA ScaledObjects that scale each pool on Vigil's scale-out signals.",
     )
     _common(p)
-    p.add_argument("--prometheus-url", default="", metavar="URL",
-                   help="the Prometheus KEDA queries (default: [engine] prometheus_url, else "
-                        "the Prometheus Operator's service)")
+    add_prometheus_url_option(p, default="",
+                              help="the Prometheus KEDA queries (default: [engine] "
+                                   "prometheus_url, else the Prometheus Operator's service)")
     p.add_argument("--namespace", default="", help="namespace of the ScaledObjects")
     p.add_argument("--scale-target", default="{pool}", metavar="NAME",
                    help="the Deployment to scale; {pool} is replaced by the pool's name "
@@ -87,11 +83,12 @@ def _emit(files: dict[str, str], out_dir: str | None, stdout_text: str, out: Tex
 
 
 def _prometheus(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from alerts.rules import RulesOptions, generate
+    from alerts.rules import generate, rules_options
     from vigil.config import load_config
 
     config = load_config(args.config)
-    options = RulesOptions(interval_s=args.interval, period_interval_s=args.period_interval)
+    options = rules_options(config, interval_s=args.interval,
+                            period_interval_s=args.period_interval)
     result = generate(config, options)
     for name, reason in result.validated.skipped:
         err.write(f"vigil rules prometheus: skipped SLO {name}: {reason}\n")

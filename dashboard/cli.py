@@ -1,11 +1,15 @@
-"""``vigil dashboard --config F [--port P] [--address A] [--at T]``: run the Streamlit app.
+"""``vigil dashboard --config F [--listen HOST:PORT] [--at T]``: run the Streamlit app.
 
 It starts ``python -m streamlit run dashboard/app.py`` headless, without usage statistics,
-on ``[dashboard] address:port`` (127.0.0.1:8501 by default; flags override), and hands the
-config file to the app in ``VIGIL_CONFIG`` (``--at`` pins "now" in ``VIGIL_DASHBOARD_AT``).
-Binding to anything but loopback without authentication (a password in ``[dashboard]
-password_env``'s variable, or st.login configured) is refused with exit code 2 and a message
-that says how to configure it (``dashboard.auth.access_problem``).
+on ``[dashboard] address:port`` (127.0.0.1:8501 by default; ``--listen`` overrides both), and
+hands the config file to the app in ``VIGIL_CONFIG`` (``--at`` pins "now" in
+``VIGIL_DASHBOARD_AT``). Binding to anything but loopback without authentication (a password in
+``[dashboard] password_env``'s variable, or st.login configured) is refused with exit code 2 and
+a message that says how to configure it (``dashboard.auth.access_problem``).
+
+Streamlit runs as a child that never outlives the command (``vigil.children``): SIGTERM,
+SIGINT or SIGHUP stop it (SIGTERM, ``STOP_GRACE`` seconds, then SIGKILL) before the command
+exits, and should the command be killed outright the kernel stops it (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -18,27 +22,52 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dashboard.auth import access_problem, secrets_files
+from vigil.children import spawn, stop, stop_signals
+from vigil.cli_options import (
+    add_at_option,
+    add_config_option,
+    add_deprecated_alias,
+    add_listen_option,
+    parse_listen,
+)
 from vigil.config import Config, load_config
 from vigil.conventions import DASHBOARD_ENV_AT, DASHBOARD_ENV_CONFIG
 from vigil.errors import ConfigError
+from vigil.extras import require_modules
 
-__all__ = ["APP_PATH", "add_arguments", "run", "streamlit_command"]
+__all__ = ["APP_PATH", "STOP_GRACE", "add_arguments", "listen_address", "run",
+           "streamlit_command"]
 
 #: The Streamlit entry point.
 APP_PATH = Path(__file__).resolve().parent / "app.py"
+#: Seconds Streamlit gets to stop after SIGTERM before it is killed.
+STOP_GRACE = 10.0
+#: How often the command looks for a stop request while Streamlit runs (seconds).
+_POLL = 0.2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `vigil dashboard`."""
-    parser.add_argument("--config", "-c", required=True, metavar="FILE",
-                        help="Vigil TOML config file")
-    parser.add_argument("--port", type=int, metavar="PORT",
-                        help="port to listen on (default: [dashboard] port, 8501)")
-    parser.add_argument("--address", metavar="ADDRESS",
-                        help="address to bind (default: [dashboard] address, 127.0.0.1); any "
-                             "other than loopback needs a password or st.login")
-    parser.add_argument("--at", type=float, metavar="UNIX_SECONDS",
-                        help="pin the dashboard's 'now' to this time (default: follow the clock)")
+    add_config_option(parser)
+    add_listen_option(parser, default=None,
+                      help="address and port to serve on (default: [dashboard] address and "
+                           "port, 127.0.0.1:8501); an address other than loopback needs a "
+                           "password or st.login")
+    add_deprecated_alias(parser, "--port", dest="port", replacement="--listen", type=int)
+    add_deprecated_alias(parser, "--address", dest="address", replacement="--listen")
+    add_at_option(parser, help="pin the dashboard's 'now' to this time (default: follow the "
+                               "clock)")
+
+
+def listen_address(args: argparse.Namespace, config: Config) -> tuple[str, int]:
+    """``(address, port)``: ``--listen`` (or the old ``--address``/``--port``) over
+    ``[dashboard]``."""
+    address, port = config.dashboard.address, config.dashboard.port
+    if args.listen:
+        address, port = parse_listen(args.listen)
+    address = getattr(args, "address", None) or address
+    old_port = getattr(args, "port", None)
+    return address, port if old_port is None else old_port
 
 
 def streamlit_command(address: str, port: int) -> list[str]:
@@ -66,10 +95,11 @@ def _check(config: Config, config_file: str, address: str, port: int,
 
 
 def run(args: argparse.Namespace) -> int:
-    """Check the access rules, then run Streamlit until it exits (Ctrl-C stops it)."""
+    """Check the access rules, then run Streamlit until it exits or a stop signal arrives
+    (exit code 0 then; Streamlit's own when it exits by itself)."""
+    require_modules("streamlit")
     config = load_config(args.config)
-    address = args.address or config.dashboard.address
-    port = args.port if args.port is not None else config.dashboard.port
+    address, port = listen_address(args, config)
     _check(config, args.config, address, port, os.environ)
     env = {**os.environ, DASHBOARD_ENV_CONFIG: str(Path(args.config).resolve())}
     if args.at is not None:
@@ -77,14 +107,15 @@ def run(args: argparse.Namespace) -> int:
     host = f"[{address}]" if ":" in address else address
     print(f"vigil dashboard: http://{host}:{port} (config {args.config}; Ctrl-C stops)",
           flush=True)
-    proc = subprocess.Popen(streamlit_command(address, port), env=env)
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        # The terminal's Ctrl-C reached Streamlit too (same process group): let it finish.
-        try:
-            return proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            return 130
+    with stop_signals() as request:
+        proc = spawn(streamlit_command(address, port), env=env)
+        while True:
+            try:
+                return proc.wait(timeout=_POLL)
+            except subprocess.TimeoutExpired:
+                if request.requested:
+                    break
+        stop([("streamlit", proc)], STOP_GRACE,
+             say=lambda line: print(f"vigil dashboard: {line}", file=sys.stderr, flush=True))
+    print("vigil dashboard: stopped", flush=True)
+    return 0

@@ -1,10 +1,10 @@
 """The gateway's per-request records: tiers, error classes, cache savings, anomalous requests.
 
 vLLM's metrics know nothing of tenants, tiers, the semantic cache or timeouts seen by clients;
-the gateway (``vigil gateway``) records every request it handled in
-``[gateway] records_path``, read through ``slo.sli.RequestLog`` (``GatewayRecords``). Without
-that file there is simply no gateway data: every function here is then never called and the
-pages say how to get it.
+the gateway (``vigil gateway``) records every request it handled in ``[gateway] records_path``,
+read through ``slo.sli.RequestLog`` (``collector.request_log.GatewayRecords``). Without that
+file there is simply no gateway data: every function here is then never called and the pages
+say how to get it.
 
 The sums below (cost, savings, counts per tier or error class) are over records as stored;
 ``cost_usd`` is the request's attributed share of its replica's GPU time (busy time only: idle
@@ -16,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from collector.request_log import GatewayRecords
 from slo.cost import tier_costs
-from slo.sli import RequestLog, RequestRecord
+from slo.sli import RequestLog
 from vigil.config import Config
 from vigil.conventions import ANOMALY_REQUEST
+from vigil.model import RequestRecord
 
 __all__ = [
     "CLASS_OK",
@@ -34,14 +36,10 @@ CLASS_OK = "ok"
 
 
 def open_request_log(config: Config) -> RequestLog | None:
-    """The gateway's records as a ``RequestLog``, or ``None`` when there are none: the records
-    file does not exist (the gateway never ran) or the gateway code is not installed."""
+    """The gateway's records as a ``RequestLog``, or ``None`` when the records file does not
+    exist (the gateway never ran)."""
     path = config.gateway_records_path()
     if not path.exists():
-        return None
-    try:
-        from serving.gateway.records import GatewayRecords
-    except ImportError:
         return None
     return GatewayRecords(path)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slo.spec import effective_slos
+from vigil.cli_options import add_config_option, add_json_option
 from vigil.config import Config, PoolConfig, load_config
 from vigil.conventions import (
     VLLM_BUCKET_FAMILY_REQUEST_LATENCY,
@@ -194,9 +195,11 @@ def _port(text: str) -> int:
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--config``, ``--pool``, ``--host``, ``--port`` (shared with ``vigil vllm-serve``)."""
-    parser.add_argument("--config", "-c", required=True, metavar="FILE",
-                        help="Vigil TOML config file")
+    """``--config``, ``--pool``, ``--host``, ``--port`` (shared with ``vigil vllm-serve``).
+
+    ``--host`` and ``--port`` are passed to vLLM as they are: they keep ``vllm serve``'s own
+    spelling rather than Vigil's ``--listen HOST:PORT``."""
+    add_config_option(parser)
     parser.add_argument("--pool", required=True, help="the pool whose [pools.vllm] profile to use")
     parser.add_argument("--host", help="address vLLM listens on (default: vLLM's own)")
     parser.add_argument("--port", type=_port, help="port vLLM listens on (default: vLLM's own)")
@@ -205,8 +208,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``vigil vllm-args``."""
     add_common_arguments(parser)
-    parser.add_argument("--json", action="store_true",
-                        help="print the argv as a JSON list instead of a shell line")
+    add_json_option(parser, help="print the argv as a JSON list instead of a shell line")
 
 
 def command_from_args(args: argparse.Namespace) -> VllmCommand:

@@ -7,8 +7,8 @@ Wire it as a sub-subcommand::
     slo.cli.add_arguments(p)
     p.set_defaults(func=slo.cli.run)
 
-Flags override ``[engine]``: ``--prometheus URL`` (or ``engine.prometheus_url``) reads from a
-Prometheus-compatible API, otherwise the embedded store is opened read-only. The evaluation
+Flags override ``[engine]``: ``--prometheus-url URL`` (or ``engine.prometheus_url``) reads from
+a Prometheus-compatible API, otherwise the embedded store is opened read-only. The evaluation
 time is ``--at`` or, at this edge only, the injected clock's now.
 """
 
@@ -24,9 +24,15 @@ from typing import Any, TextIO
 
 from slo.sli import RequestLog
 from slo.source import Source
+from vigil.cli_options import (
+    add_at_option,
+    add_config_option,
+    add_json_option,
+    add_prometheus_url_option,
+    positive_duration_arg,
+)
 from vigil.clock import Clock, system_clock
 from vigil.config import Config, load_config
-from vigil.durations import parse_duration
 from vigil.errors import ConfigError, StoreError
 
 __all__ = ["TABLE_WIDTH", "add_arguments", "format_table", "open_source", "run"]
@@ -36,27 +42,15 @@ TABLE_WIDTH = 100
 _NULL = "–"
 
 
-def _duration_arg(text: str) -> float:
-    try:
-        seconds = parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"the window must be more than 0 seconds, got {text!r}")
-    return seconds
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``vigil slo status``."""
-    parser.add_argument("--config", "-c", required=True, metavar="FILE",
-                        help="Vigil TOML config file")
-    parser.add_argument("--at", type=float, metavar="UNIX_SECONDS",
-                        help="evaluation time (default: now)")
-    parser.add_argument("--window", type=_duration_arg, metavar="DURATION",
+    add_config_option(parser)
+    add_at_option(parser, help="evaluation time (default: now)")
+    parser.add_argument("--window", type=positive_duration_arg, metavar="DURATION",
                         help="window of the quantiles and current SLIs (default: [engine] window)")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--prometheus", metavar="URL",
-                        help="read from this Prometheus-compatible API instead of the store")
+    add_json_option(parser)
+    add_prometheus_url_option(parser, help="read from this Prometheus-compatible API instead "
+                                           "of the store (default: [engine] prometheus_url)")
     parser.add_argument("--promql-semantics", choices=("auto", "2", "3"),
                         help="PromQL rules: 3 = Prometheus 3.x, 2 = 2.x, auto = the server's "
                              "(3 for the store) (default: [engine] promql_semantics)")
@@ -112,7 +106,7 @@ def request_log(config: Config) -> RequestLog | None:
     path = config.gateway_records_path()
     if not path.exists():
         return None
-    from serving.gateway.records import GatewayRecords
+    from collector.request_log import GatewayRecords
 
     return GatewayRecords(path)
 
@@ -131,7 +125,7 @@ def run(args: argparse.Namespace, *, clock: Clock = system_clock,
     stream = out if out is not None else sys.stdout
     config = load_config(args.config)
     at = args.at if args.at is not None else clock()
-    with open_source(config, args.config, prometheus_url=args.prometheus or "",
+    with open_source(config, args.config, prometheus_url=args.prometheus_url or "",
                      semantics=args.promql_semantics) as source:
         result = evaluate(config, source, at, window_s=args.window,
                           request_log=request_log(config))

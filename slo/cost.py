@@ -40,7 +40,7 @@ from typing import Any
 
 from slo.aggregate import sum_by
 from slo.quantiles import finite_or_none
-from slo.sli import RequestLog, RequestRecord, vllm_matchers
+from slo.sli import RequestLog, vllm_matchers
 from slo.source import Source
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
@@ -52,6 +52,7 @@ from vigil.conventions import (
     VLLM_REQUESTS_RUNNING,
 )
 from vigil.durations import format_duration
+from vigil.model import RequestRecord
 
 __all__ = ["gpu_hours", "idle_share", "pool_cost", "tier_costs"]
 

@@ -16,6 +16,10 @@ Tokens per request (generated and prompt), per model::
 vLLM's token histograms have 1-2-5 buckets, so the p95 is coarse (interpolated linearly
 inside a bucket, like every ``histogram_quantile``).
 
+With the gateway's records, the e2e SLO's reference length (``[slo_defaults]
+e2e_reference_output_tokens``, 512 by default) also gets quantiles: each request's latency
+rescaled to that many output tokens (``normalised_e2e``).
+
 A quantile PromQL answers with NaN (no observations, no ``+Inf`` bucket) is ``None``.
 Units: latency quantiles in seconds, tokens in tokens, windows in seconds.
 """
@@ -28,8 +32,9 @@ from typing import Any
 
 from slo.lookup import SemanticsLike
 from slo.quantile import Bucket, histogram_quantile
-from slo.sli import RequestLog, RequestRecord, vllm_matchers
+from slo.sli import RequestLog, vllm_matchers
 from slo.source import Source
+from vigil.config import SloDefaults
 from vigil.conventions import (
     LABEL_MODEL_NAME,
     SUFFIX_COUNT,
@@ -42,11 +47,13 @@ from vigil.conventions import (
     VLLM_TTFT,
 )
 from vigil.durations import format_duration
-from vigil.model import Labels
+from vigil.model import Labels, RequestRecord
 
 __all__ = [
+    "E2E_NORMALISED",
+    "E2E_PER_512_TOKENS",
     "LATENCY_HISTOGRAMS",
-    "NORMALISED_OUTPUT_TOKENS",
+    "NORMALISED_OUTPUT_TOKENS_KEY",
     "QUANTILES",
     "TOKEN_HISTOGRAMS",
     "TOKEN_QUANTILE",
@@ -73,6 +80,12 @@ TOKEN_HISTOGRAMS = {
     "generated": VLLM_GENERATION_TOKENS_HIST,
     "prompt": VLLM_PROMPT_TOKENS_HIST,
 }
+#: JSON keys of the normalised e2e: its quantiles (seconds) and the output length they are
+#: normalised to (tokens, ``[slo_defaults] e2e_reference_output_tokens``).
+E2E_NORMALISED = "e2e_seconds_normalised"
+NORMALISED_OUTPUT_TOKENS_KEY = "normalised_output_tokens"
+#: The older name of ``E2E_NORMALISED``, still written while the length is 512 (its name says so).
+E2E_PER_512_TOKENS = "e2e_seconds_per_512_tokens"
 
 
 def quantile_key(q: float) -> str:
@@ -109,11 +122,6 @@ def _quantiles(
     }
 
 
-#: The seed's SLO is "e2e latency for a 512-token generation": the gateway's records give each
-#: request's latency as if it had generated this many tokens.
-NORMALISED_OUTPUT_TOKENS = 512
-
-
 def sample_quantile(q: float, values: Iterable[float]) -> float | None:
     """PromQL's ``quantile`` aggregation of plain values (promql/quantile.go ``quantile``):
     rank ``q·(n-1)``, linear interpolation between the neighbours; ``q`` outside [0, 1] gives
@@ -132,10 +140,13 @@ def sample_quantile(q: float, values: Iterable[float]) -> float | None:
     return ordered[lower] * (1 - weight) + ordered[upper] * weight
 
 
-def normalised_e2e(r: RequestRecord, tokens: int = NORMALISED_OUTPUT_TOKENS) -> float | None:
-    """The request's end-to-end latency (seconds) scaled to ``tokens`` output tokens: its time
-    to first token plus its decode time per token × (``tokens`` - 1). ``None`` without a first
-    token, an e2e, or at least two generated tokens (no decode rate to scale)."""
+def normalised_e2e(r: RequestRecord, tokens: int | None = None) -> float | None:
+    """The request's end-to-end latency (seconds) scaled to ``tokens`` output tokens (default
+    ``[slo_defaults] e2e_reference_output_tokens``'s default): its time to first token plus its
+    decode time per token × (``tokens`` - 1). ``None`` without a first token, an e2e, or at
+    least two generated tokens (no decode rate to scale)."""
+    if tokens is None:
+        tokens = SloDefaults().e2e_reference_output_tokens
     if r.ttft_s is None or r.e2e_s is None or r.generated_tokens < 2 or r.error:
         return None
     per_token = (r.e2e_s - r.ttft_s) / (r.generated_tokens - 1)
@@ -150,14 +161,20 @@ def model_quantiles(
     *,
     models: Iterable[str] = (),
     request_log: RequestLog | None = None,
+    normalised_output_tokens: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Per model of ``pool``: ``{"quantiles": {...}, "tokens_per_request": {...}}``.
 
     The models are those with data in the window plus ``models`` (e.g. the pool's configured
     model, which then appears with ``None`` values when idle), sorted by name. With the
-    gateway's ``request_log``, ``quantiles`` also has ``e2e_seconds_per_512_tokens``: the
-    quantiles of each request's e2e scaled to 512 output tokens (``normalised_e2e``).
+    gateway's ``request_log``, ``quantiles`` also has ``e2e_seconds_normalised``: the quantiles
+    of each request's e2e scaled to ``normalised_output_tokens`` output tokens
+    (``normalised_e2e``; default: ``[slo_defaults] e2e_reference_output_tokens``'s default),
+    and that length as ``normalised_output_tokens``; while it is 512 the same quantiles are
+    also under their older name ``e2e_seconds_per_512_tokens``.
     """
+    length = (SloDefaults().e2e_reference_output_tokens if normalised_output_tokens is None
+              else normalised_output_tokens)
     matchers = vllm_matchers(pool)
     by = (LABEL_MODEL_NAME,)
     latency = {
@@ -184,7 +201,7 @@ def model_quantiles(
     normalised: dict[str, list[float]] = {}
     if request_log is not None:
         for r in request_log.records(pool, at_s, window_s):
-            v = normalised_e2e(r)
+            v = normalised_e2e(r, length)
             if v is not None:
                 normalised.setdefault(r.model, []).append(v)
 
@@ -196,9 +213,12 @@ def model_quantiles(
             quantiles[key] = _quantiles(latency[key].get(model), QUANTILES, sem)
         if request_log is not None:
             values = normalised.get(model, [])
-            quantiles["e2e_seconds_per_512_tokens"] = {
+            quantiles[E2E_NORMALISED] = {
                 quantile_key(q): sample_quantile(q, values) for q in QUANTILES
             }
+            quantiles[NORMALISED_OUTPUT_TOKENS_KEY] = length
+            if length == 512:
+                quantiles[E2E_PER_512_TOKENS] = dict(quantiles[E2E_NORMALISED])
         tokens: dict[str, Any] = {}
         for key in TOKEN_HISTOGRAMS:
             total = token_sums[key].get(model)

@@ -5,7 +5,7 @@
 
 * ``ttft`` / ``e2e``: ``1 - histogram_fraction(-Inf, threshold, sum(increase(x_bucket[w])))``
   over the pool's vLLM series of the SLO's model. A threshold that is not a bucket bound (the
-  seed's 0.8 s TTFT and 8 s e2e are not) is interpolated inside its bucket: ``interpolated``
+  default 0.8 s TTFT and 8 s e2e are not) is interpolated inside its bucket: ``interpolated``
   says so, because such an SLI is an estimate, not a count.
 * ``error_rate``: ``increase(vllm:request_success_total{finished_reason="error"})`` over the
   increase of all finished requests. ``abort`` (aborted by the server) is a finished, non-error
@@ -44,6 +44,7 @@ from vigil.conventions import (
     VLLM_REQUEST_SUCCESS,
     VLLM_TTFT,
 )
+from vigil.model import RequestRecord
 
 __all__ = [
     "REASON_ENDPOINT",
@@ -51,7 +52,6 @@ __all__ = [
     "REASON_NO_DATA",
     "REASON_NO_REQUESTS",
     "RequestLog",
-    "RequestRecord",
     "SliResult",
     "error_ratio",
     "inf_bucket_count",
@@ -80,41 +80,10 @@ class SliResult(NamedTuple):
     reason: str = ""
 
 
-class RequestRecord(NamedTuple):
-    """One finished request from the gateway's log (the seam for per-endpoint SLIs and
-    per-request anomalies; the gateway's issue will produce these).
-
-    ``ts_s``: when it finished, Unix seconds; ``ttft_s``/``e2e_s``: seconds, ``None`` when
-    unknown (e.g. no first token); ``error``: a server-side failure (5xx, timeout, OOM) — a
-    client cancellation is not an error.
-    """
-
-    id: str
-    ts_s: float
-    pool: str
-    model: str
-    endpoint: str
-    prompt_tokens: int
-    generated_tokens: int
-    ttft_s: float | None = None
-    e2e_s: float | None = None
-    error: bool = False
-    #: Who sent it (gateway only): tenant, tier ("premium" | "standard" | "batch").
-    tenant: str = ""
-    tier: str = ""
-    #: Error class: "" (none), "timeout", "upstream_5xx", "oom", "client_cancel", "rejected",
-    #: "over_cap", "bad_request", "upstream_4xx".
-    error_class: str = ""
-    #: "l1" (exact) or "l2" (semantic) when answered from the cache, else "".
-    cache_hit: str = ""
-    #: GPU cost attributed to the request (USD); a cache hit costs 0 and saves ``saved_usd``.
-    cost_usd: float | None = None
-    saved_usd: float | None = None
-
-
 @runtime_checkable
 class RequestLog(Protocol):
-    """The gateway's per-request log, read over a window."""
+    """The gateway's per-request log, read over a window (over the gateway's file:
+    ``collector.request_log.GatewayRecords``)."""
 
     def records(self, pool: str, at_s: float, window_s: float) -> Iterable[RequestRecord]:
         """The pool's requests that finished in ``(at_s - window_s, at_s]``."""

@@ -10,6 +10,7 @@ __all__ = [
     "BatchInputError",
     "ConfigError",
     "EmbeddingError",
+    "ExtraMissingError",
     "GatewayError",
     "IngestError",
     "LaunchError",
@@ -119,6 +120,21 @@ class BatchInputError(VigilError):
         more = len(self.problems) - 20
         tail = f" (and {more} more)" if more > 0 else ""
         super().__init__(f"{source}: {shown}{tail}")
+
+
+class ExtraMissingError(VigilError):
+    """A command needs an optional extra that is not installed (``pip install 'vigil[X]'``).
+
+    ``extra`` names the extra, ``module`` the top-level module that could not be imported.
+    """
+
+    exit_code = 2
+
+    def __init__(self, extra: str, module: str):
+        self.extra = extra
+        self.module = module
+        super().__init__(f"needs the {extra!r} extra (pip install 'vigil[{extra}]'): "
+                         f"No module named {module!r}")
 
 
 class LaunchError(VigilError):

@@ -1,4 +1,4 @@
-"""The data model shared by every layer: labels, series, points, target health.
+"""The data model shared by every layer: labels, series, points, target health, requests.
 
 Parsed expositions use prometheus_client's own ``Metric`` and ``Sample`` types (the library's
 model); once a sample belongs to a target and a time it becomes a ``Point`` of a ``SeriesKey``.
@@ -14,6 +14,7 @@ __all__ = [
     "STALE",
     "Labels",
     "Point",
+    "RequestRecord",
     "SeriesKey",
     "TargetHealth",
     "is_stale",
@@ -84,6 +85,38 @@ class TargetHealth(NamedTuple):
     @property
     def never_scraped(self) -> bool:
         return self.last_scrape == 0
+
+
+class RequestRecord(NamedTuple):
+    """One finished request as the engine reads it from the gateway's request log (the seam
+    for per-endpoint SLIs, per-request anomalies, cost by tier and e2e per 512 tokens).
+
+    ``ts_s``: when it finished, Unix seconds; ``ttft_s``/``e2e_s``: seconds, ``None`` when
+    unknown (e.g. no first token); ``error``: a server-side failure (5xx, timeout, OOM) — a
+    client cancellation is not an error.
+    """
+
+    id: str
+    ts_s: float
+    pool: str
+    model: str
+    endpoint: str
+    prompt_tokens: int
+    generated_tokens: int
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    error: bool = False
+    #: Who sent it (gateway only): tenant, tier ("premium" | "standard" | "batch").
+    tenant: str = ""
+    tier: str = ""
+    #: Error class: "" (none), "timeout", "upstream_5xx", "oom", "client_cancel", "rejected",
+    #: "over_cap", "bad_request", "upstream_4xx".
+    error_class: str = ""
+    #: "l1" (exact) or "l2" (semantic) when answered from the cache, else "".
+    cache_hit: str = ""
+    #: GPU cost attributed to the request (USD); a cache hit costs 0 and saves ``saved_usd``.
+    cost_usd: float | None = None
+    saved_usd: float | None = None
 
 
 def finite(value: float) -> bool:

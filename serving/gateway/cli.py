@@ -8,7 +8,8 @@ uvicorn runs on uvloop with the httptools parser when they are installed (``uvic
 extras): both in C, they take a large part of the per-event cost of relaying a stream off the
 gateway's CPU (docs/gateway.md, Performance). Without them it runs on asyncio and h11, slower.
 The objects that live as long as the process are frozen out of the garbage collector's
-generations before serving (``gc.freeze``).
+generations before serving (``gc.freeze``). The web stack (the ``gateway`` extra) is imported
+only to serve: ``vigil gateway --help`` works without it.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ import importlib
 import logging
 import signal
 
-import uvicorn
-
-from serving.gateway.app import create_app
+from vigil.cli_options import add_config_option, add_listen_option, parse_listen
 from vigil.config import load_config
 from vigil.errors import ConfigError
 
@@ -35,18 +34,8 @@ log = logging.getLogger("vigil.gateway")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``vigil gateway``."""
-    p.add_argument("--config", "-c", required=True, metavar="FILE", help="Vigil TOML config file")
-    p.add_argument("--listen", default=None, metavar="HOST:PORT",
-                   help="address to listen on (default: [gateway] listen)")
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """``"host:port"`` (IPv6 in brackets) -> (host, port); ``ConfigError`` if malformed."""
-    host, sep, port_text = value.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ConfigError(f"--listen must be HOST:PORT with a port 1-65535, got {value!r}")
-    return host, int(port_text)
+    add_config_option(p)
+    add_listen_option(p, default=None, help="address to listen on (default: [gateway] listen)")
 
 
 def _importable(module: str) -> bool:
@@ -66,6 +55,10 @@ def server_choices() -> tuple[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM; exit code 0 (2 for a bad config)."""
+    import uvicorn
+
+    from serving.gateway.app import create_app
+
     cfg = load_config(args.config)
     if not any(t.kind == "vllm" for t in cfg.targets):
         raise ConfigError("the gateway needs at least one kind = \"vllm\" target to send "

@@ -6,11 +6,12 @@
       -> semantic cache (a hit answers here) -> tier admission -> replica (least outstanding)
       -> upstream, streaming or not (cancelled as soon as the client goes) -> record + metrics
 
-Every request that reaches the gateway ends in exactly one record (``records.GatewayRecord``),
-refusals included, written by the records thread after the response is under way. The body is
-parsed once and serialised once (the policy and the tier's ``priority`` change it); upstream
-bytes go to the client as they came, the only exception being the usage chunk the gateway asked
-for on a client's behalf.
+Every request that reaches the gateway ends in exactly one record
+(``collector.request_log.GatewayRecord``, built by ``Gateway._record``), refusals included,
+written by the records thread after the response is under way. The body is parsed once and
+serialised once (the policy and the tier's ``priority`` change it); upstream bytes go to the
+client as they came, the only exception being the usage chunk the gateway asked for on a
+client's behalf.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
+from collector.request_log import GatewayRecord, RecordWriter
 from serving.gateway.accounting import gpu_cost_per_second
 from serving.gateway.admission import Admission
 from serving.gateway.asgi import (
@@ -52,7 +54,6 @@ from serving.gateway.errors import (
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.policy import MaxTokens, apply_max_tokens
 from serving.gateway.proxy import Charge, Forwarder, OpenStream, UpstreamReply, error_message
-from serving.gateway.records import GatewayRecord, RecordWriter
 from serving.gateway.request import Incoming, parse_body, validate
 from serving.gateway.sse import StreamTally
 from serving.gateway.streaming import relay

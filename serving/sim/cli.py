@@ -1,10 +1,13 @@
 """``vigil sim`` (and ``python -m serving.sim``): run a simulated vLLM fleet.
 
-``vigil/cli.py`` wires it as::
+``vigil_shell/cli.py`` wires it as::
 
     p = subparsers.add_parser("sim", help="run simulated vLLM replicas")
     serving.sim.cli.add_arguments(p)
     p.set_defaults(func=serving.sim.cli.run)   # run(args) -> exit code
+
+The replicas stand in for ``vllm serve``, so their options keep vLLM's spelling (``--host``,
+``--port``, ``--max-loras``...) rather than Vigil's ``--listen HOST:PORT``.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from vigil.cli_options import add_config_option, add_json_option
 from vigil.clock import system_clock
 
 __all__ = ["add_arguments", "format_table", "run"]
@@ -20,8 +21,8 @@ __all__ = ["add_arguments", "format_table", "run"]
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `vigil alerts`."""
-    p.add_argument("--config", "-c", required=True, metavar="FILE", help="Vigil TOML config file")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_config_option(p)
+    add_json_option(p)
 
 
 def _when(ts: float | None, now: float) -> str:

@@ -1,7 +1,12 @@
 """The ``vigil`` command line.
 
-Each subcommand imports its module lazily so ``vigil --help`` stays fast, and every
-``VigilError`` becomes one line on stderr and its exit code (2 for bad config or input).
+Each subcommand imports its module lazily so ``vigil --help`` stays fast and works with none
+of the extras installed, and every ``VigilError`` becomes one line on stderr and its exit code
+(2 for bad config or input). A command whose extra is missing says which one (exit code 2):
+``vigil dashboard: needs the 'dashboard' extra (pip install 'vigil[dashboard]'): No module
+named 'streamlit'`` (the modules of each extra: ``vigil.extras.EXTRAS``).
+
+The options every command shares are declared once, in ``vigil.cli_options``.
 """
 
 from __future__ import annotations
@@ -20,15 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from vigil import __version__
-from vigil.errors import ConfigError, VigilError
+from vigil.cli_options import (
+    add_at_option,
+    add_config_option,
+    add_json_option,
+    add_log_level_option,
+)
+from vigil.errors import ConfigError, ExtraMissingError, VigilError
+from vigil.extras import missing_extra
 
-__all__ = ["main"]
-
-
-def _config_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
-    p.add_argument(
-        "--config", "-c", required=required, metavar="FILE", help="Vigil TOML config file"
-    )
+__all__ = ["build_parser", "main"]
 
 
 # --- collect ------------------------------------------------------------------------------
@@ -211,13 +217,13 @@ def _cmd_targets(args: argparse.Namespace) -> int:
 
 # --- serve / alerts ----------------------------------------------------------------------
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from vigil import serve
+    from vigil_shell import serve
 
     return serve.run(args)
 
 
 def _cmd_alerts(args: argparse.Namespace) -> int:
-    from vigil import alerts_cli
+    from vigil_shell import alerts_cli
 
     return alerts_cli.run(args)
 
@@ -243,7 +249,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from vigil import demo
+    from vigil_shell import demo
 
     return demo.run(args)
 
@@ -270,27 +276,24 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
         description="SLO monitoring and cost observability for vLLM fleets.",
     )
     parser.add_argument("--version", action="version", version=f"vigil {__version__}")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    add_log_level_option(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("collect", help="scrape the configured targets into the store")
-    _config_arg(p)
+    add_config_option(p)
     p.add_argument("--once", action="store_true", help="scrape every target once and exit")
     p.set_defaults(func=_cmd_collect)
 
     p = sub.add_parser("ingest", help="store exposition files as if scraped from a target")
-    _config_arg(p)
+    add_config_option(p)
     p.add_argument("--target", required=True, help="the target's name in the config")
-    p.add_argument(
-        "--at", type=float, metavar="UNIX_SECONDS",
-        help="timestamp of a file without sample timestamps (default: now)",
-    )
+    add_at_option(p, help="timestamp of a file without sample timestamps (default: now)")
     p.add_argument("files", nargs="+", metavar="FILE", help="exposition files; - reads stdin")
     p.set_defaults(func=_cmd_ingest)
 
     p = sub.add_parser("targets", help="each target's health, like Prometheus's targets page")
-    _config_arg(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_config_option(p)
+    add_json_option(p)
     p.set_defaults(func=_cmd_targets)
 
     # The other commands' options live with their modules, which import the web stack, the
@@ -298,14 +301,15 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     # `vigil targets` stay fast, and a broken optional module cannot break every command.
     lazy = [
         ("serve", "collector + SLO evaluation + alerts + /metrics, in one",
-         "vigil.serve", _cmd_serve),
-        ("alerts", "firing alerts and the notification outbox", "vigil.alerts_cli", _cmd_alerts),
+         "vigil_shell.serve", _cmd_serve),
+        ("alerts", "firing alerts and the notification outbox", "vigil_shell.alerts_cli",
+         _cmd_alerts),
         ("rules", "Prometheus recording/alert rules, scrape config and KEDA ScaledObjects",
          "alerts.rules_cli", _cmd_rules),
         ("sim", "run a simulated vLLM fleet (no GPU needed)", "serving.sim.cli", _cmd_sim),
         ("loadgen", "send a mixed workload to a vLLM-compatible endpoint", "serving.loadgen",
          _cmd_loadgen),
-        ("demo", "simulated fleet + load + collector, all on this machine", "vigil.demo",
+        ("demo", "simulated fleet + load + collector, all on this machine", "vigil_shell.demo",
          _cmd_demo),
         ("gateway", "OpenAI-compatible gateway: tiers, max_tokens policy, semantic cache",
          "serving.gateway.cli", _run_module("serving.gateway.cli")),
@@ -343,23 +347,39 @@ def _command_of(argv: list[str]) -> str | None:
     return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    selected = _command_of(argv)
-    parser = build_parser(selected)
-    args = parser.parse_args(argv)
+def _configure_logging(level: str) -> None:
     logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        level=getattr(logging, level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     # apscheduler logs every job run at INFO; that is noise at our default level.
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``vigil ARGV``; returns the exit code (0 ok, 2 bad config, input or missing extra)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    selected = _command_of(argv)
     try:
+        # The chosen command's module is imported here (its options), or when it runs: either
+        # may find an extra missing.
+        parser = build_parser(selected)
+        args = parser.parse_args(argv)
+        _configure_logging(args.log_level)
         return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:
+        error = missing_extra(exc)
+        if error is None:
+            raise
+        print(f"vigil {selected}: {error}", file=sys.stderr)
+        return error.exit_code
+    except ExtraMissingError as exc:
+        print(f"vigil {selected}: {exc}", file=sys.stderr)
+        return exc.exit_code
     except VigilError as exc:
-        print(f"vigil {args.command}: error: {exc}", file=sys.stderr)
+        print(f"vigil {selected}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

@@ -35,6 +35,8 @@ from alerts.conditions import ConditionState, evaluate_conditions, kv_usage_by_r
 from alerts.exporter import Exporter, Snapshot
 from alerts.model import Alert
 from alerts.notifier import Notifier, redact_url
+from vigil.cli_options import add_config_option, add_listen_option
+from vigil.cli_options import parse_listen as _parse_host_port
 from vigil.clock import Clock, system_clock
 from vigil.config import Config
 from vigil.conventions import (
@@ -59,23 +61,21 @@ _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `vigil serve` (``--config`` included)."""
-    p.add_argument("--config", "-c", required=True, metavar="FILE", help="Vigil TOML config file")
-    p.add_argument("--listen", default=SERVE_DEFAULT_LISTEN, metavar="HOST:PORT",
-                   help=f"address of /metrics and /healthz (default {SERVE_DEFAULT_LISTEN})")
+    add_config_option(p)
+    add_listen_option(p, default=SERVE_DEFAULT_LISTEN,
+                      help=f"address of /metrics and /healthz (default {SERVE_DEFAULT_LISTEN})")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback --listen (the endpoint has no authentication)")
 
 
 def parse_listen(value: str, *, allow_remote: bool = False) -> tuple[str, int]:
-    """``"host:port"`` -> (host, port); ``ConfigError`` for a bad or non-loopback address."""
-    host, sep, port_text = value.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) < 65536:
-        raise ConfigError(f"--listen must be HOST:PORT, got {value!r}")
+    """``"host:port"`` -> (host, port); ``ConfigError`` for a bad or non-loopback address
+    (port 0: the kernel picks one)."""
+    host, port = _parse_host_port(value, allow_port_zero=True)
     if host not in _LOOPBACK and not allow_remote:
         raise ConfigError(f"--listen {value}: not a loopback address; /metrics has no "
                           "authentication (pass --allow-remote to bind it anyway)")
-    return host, int(port_text)
+    return host, port
 
 
 # --- HTTP ---------------------------------------------------------------------------------
@@ -408,25 +408,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m vigil.serve``: the same as `vigil serve` before the CLI wires it."""
+    """``python -m vigil_shell.serve ARGS``: exactly ``vigil serve ARGS``."""
     import sys
 
-    p = argparse.ArgumentParser(prog="vigil serve")
-    p.add_argument("--log-level", default="INFO")
-    add_arguments(p)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    from vigil.errors import VigilError
+    from vigil_shell.cli import main as vigil_main
 
-    try:
-        return run(args)
-    except VigilError as exc:
-        print(f"vigil serve: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    return vigil_main(["serve", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,21 +8,18 @@ few long-output requests (token anomalies) and FAQ questions in other words (cac
 ``vigil serve`` (collector, SLO engine, alerts, ``/metrics``), a local webhook receiver that
 prints every notification it gets, and the dashboard.
 
-Everything runs as child processes of this one, on loopback ports; Ctrl-C (or ``--duration``)
-stops all of it cleanly: load first, then the gateway and serve (so their last writes finish),
-then the fleet.
+Everything runs as child processes of this one (``vigil.children``: they never outlive it),
+on loopback ports; Ctrl-C (or ``--duration``) stops all of it cleanly: load first, then the
+gateway and serve (so their last writes finish), then the fleet.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import hashlib
 import json
-import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -36,13 +33,16 @@ from typing import Any
 
 import httpx
 
+from vigil.children import StopRequest, stop, stop_signals
+from vigil.children import spawn as spawn_child
+from vigil.cli_options import duration_arg
 from vigil.conventions import SIM_DCGM_PATH
+from vigil.extras import require_modules
 
 __all__ = ["DemoPlan", "DemoPool", "add_arguments", "demo_config", "run"]
 
 DEMO_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 CODE_MODEL = "Qwen/Qwen2.5-Coder-7B-Instruct"
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 #: Files the demo writes in its folder.
 KEYS_FILE = "api-keys.json"
 WEBHOOK_LOG = "webhook.jsonl"
@@ -128,8 +128,8 @@ def demo_config(plan: DemoPlan) -> str:
         "# window the cost per 1000 requests would be inflated for the demo's first hour.",
         'cost_window = "5m"',
         "",
-        "# A chat product that promises 99 % of first tokens within 0.8 s (the seed's",
-        "# threshold at a tighter objective than its default p95): with the gateway shedding",
+        "# A chat product that promises 99 % of first tokens within 0.8 s (the default",
+        "# threshold at a tighter objective than the default p95): with the gateway shedding",
         "# excess load, an overloaded pool burns this budget fast enough to page.",
         "[slo_defaults]",
         "ttft_objective = 0.99",
@@ -210,7 +210,7 @@ def _port_free(port: int) -> bool:
 
 
 def _vigil(*args: str) -> list[str]:
-    return [sys.executable, "-m", "vigil.cli", *args]
+    return [sys.executable, "-m", "vigil_shell.cli", *args]
 
 
 def _wait_healthy(
@@ -233,30 +233,6 @@ def _wait_healthy(
                     pending.remove(url)
         time.sleep(0.2)
     return True
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM if the demo dies, however it dies (Linux)."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _stop(procs: list[tuple[str, subprocess.Popen[bytes]]], grace: float = 10.0) -> None:
-    """SIGTERM each child in order and wait; SIGKILL whatever is still running after grace."""
-    for _, p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while p.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-    for name, p in procs:
-        if p.poll() is None:
-            print(f"vigil demo: {name} did not stop in {grace:.0f}s; killing it", flush=True)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
 
 
 # --- the webhook receiver -------------------------------------------------------------------
@@ -313,22 +289,32 @@ def webhook_receiver(port: int, log_path: Path):  # type: ignore[no-untyped-def]
 
 # --- the command ----------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `vigil demo` (its ports are on 127.0.0.1 only)."""
     p.add_argument("--port", type=int, default=8000,
                    help="first port of the simulated fleet (then serve and the webhook)")
-    p.add_argument("--gateway-port", type=int, default=8080, help="the gateway's port")
-    p.add_argument("--dashboard-port", type=int, default=8501, help="the dashboard's port")
+    p.add_argument("--gateway-port", type=int, default=8080, metavar="PORT",
+                   help="the gateway's port")
+    p.add_argument("--dashboard-port", type=int, default=8501, metavar="PORT",
+                   help="the dashboard's port")
     p.add_argument("--dir", default="demo-data", help="folder for the demo's config and data")
-    p.add_argument("--duration", type=float, default=0.0, help="seconds; 0 runs until Ctrl-C")
+    p.add_argument("--duration", type=duration_arg, default=0.0, metavar="DURATION",
+                   help="how long to run (seconds, or 90s, 5m); 0 runs until Ctrl-C")
     p.add_argument("--rate", type=float, default=5.0, help="chat pool's starting rate (req/s)")
     p.add_argument("--ramp-to", type=float, default=20.0,
                    help="chat pool's rate after --ramp (req/s): past its capacity on purpose")
-    p.add_argument("--ramp", type=float, default=90.0, help="seconds of the load ramp")
+    p.add_argument("--ramp", type=duration_arg, default=90.0, metavar="DURATION",
+                   help="how long the load ramp lasts (seconds, or 90s, 5m)")
     p.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
     p.add_argument("--no-cache", action="store_true",
                    help="semantic cache off (skips loading the embedding model)")
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the demo until Ctrl-C or ``--duration``; exit code 0, 1 if a part failed, 2 when
+    a port is taken."""
+    # The fleet and the gateway are served by the web stack, the dashboard by Streamlit: say
+    # which extra is missing now rather than through a child's traceback.
+    require_modules("fastapi", "uvicorn", *(() if args.no_dashboard else ("streamlit",)))
     keys = {tier: f"vigil-demo-{tier}-{secrets.token_hex(8)}"
             for tier in ("premium", "standard", "batch")}
     plan = DemoPlan(data_dir=Path(args.dir).resolve(), port=args.port,
@@ -352,27 +338,22 @@ def run(args: argparse.Namespace) -> int:
     keys_path.chmod(0o600)
     (plan.data_dir / WEBHOOK_LOG).unlink(missing_ok=True)
 
-    stop_requested = False
+    with stop_signals() as request:
+        return _run(args, plan, keys, request)
 
-    def on_signal(signum: int, frame: object) -> None:
-        nonlocal stop_requested
-        stop_requested = True
 
-    # SIGHUP too: closing the terminal must stop the fleet, not orphan it.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-
+def _run(args: argparse.Namespace, plan: DemoPlan, keys: dict[str, str],
+         request: StopRequest) -> int:
     children: list[tuple[str, subprocess.Popen[bytes]]] = []
+    failed = False
 
     def spawn(name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
-        # Own session: the terminal's Ctrl-C reaches only us, and we stop children in order;
-        # PDEATHSIG: should we die without stopping them (kill -9), they stop anyway.
-        proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent)
+        proc = spawn_child(cmd)
         children.append((name, proc))
         return proc
 
     def stopping() -> bool:
-        return stop_requested
+        return request.requested or failed
 
     code = 0
     config = str(plan.config_path)
@@ -413,14 +394,14 @@ def run(args: argparse.Namespace) -> int:
                         "--tier-mix", "standard=1", "--quiet", *key_args))
                     print(_banner(plan, args), flush=True)
             start = time.monotonic()
-            while not stop_requested:
+            while not stopping():
                 if args.duration and time.monotonic() - start >= args.duration:
                     break
                 for name, p in children:
                     if p.poll() is not None:
                         print(f"vigil demo: {name} exited with code {p.returncode}; stopping",
                               flush=True)
-                        stop_requested = True
+                        failed = True
                         code = 1
                 time.sleep(0.2)
         except RuntimeError as exc:
@@ -431,7 +412,8 @@ def run(args: argparse.Namespace) -> int:
             # Load first, then the gateway, dashboard and serve (their last writes finish),
             # then the fleets.
             order = {"load-chat": 0, "load-code": 0, "gateway": 1, "dashboard": 1, "serve": 2}
-            _stop(sorted(children, key=lambda c: order.get(c[0], 9)))
+            stop(sorted(children, key=lambda c: order.get(c[0], 9)),
+                 say=lambda line: print(f"vigil demo: {line}", flush=True))
             print("vigil demo: stopped; nothing left running.", flush=True)
     return code
 

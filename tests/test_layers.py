@@ -1,0 +1,136 @@
+"""The import layers: ``vigil`` is the ground, ``vigil_shell`` the top, and the packages in
+between (collector, slo, alerts, dashboard, serving) import each other without a cycle.
+
+Every import of every module counts, those inside functions and under ``TYPE_CHECKING`` too,
+and ``importlib.import_module("...")`` with a literal name.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+GROUND = "vigil"
+SHELL = "vigil_shell"
+ROOMS = ("collector", "slo", "alerts", "dashboard", "serving")
+PACKAGES = (GROUND, SHELL, *ROOMS)
+
+Edge = tuple[str, str, int, str]  # (importing module, file, line, imported module)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line, dotted module)`` for every import in the file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            yield node.lineno, target
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "import_module" and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            yield node.lineno, node.args[0].value
+
+
+@cache
+def edges() -> tuple[Edge, ...]:
+    """Every import from one of our packages into another (or the same)."""
+    out: list[Edge] = []
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            for line, target in _imports(path):
+                if target.partition(".")[0] in PACKAGES:
+                    out.append((_module_name(path), str(path.relative_to(REPO)), line, target))
+    return tuple(out)
+
+
+def _top(module: str) -> str:
+    return module.partition(".")[0]
+
+
+def _where(found: list[Edge]) -> str:
+    return "\n".join(f"  {file}:{line}: {module} imports {target}"
+                     for module, file, line, target in found)
+
+
+def test_every_package_is_seen() -> None:
+    importers = {_top(e[0]) for e in edges()}
+    assert set(PACKAGES) <= importers, set(PACKAGES) - importers
+
+
+def test_the_ground_imports_no_other_package() -> None:
+    found = [e for e in edges() if _top(e[0]) == GROUND and _top(e[3]) != GROUND]
+    assert not found, "vigil (the ground) must import none of our packages:\n" + _where(found)
+
+
+def test_no_package_imports_the_shell() -> None:
+    found = [e for e in edges() if _top(e[0]) != SHELL and _top(e[3]) == SHELL]
+    assert not found, "only vigil_shell may import vigil_shell:\n" + _where(found)
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as ``[a, b, ..., a]``, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_cycle_finder() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"a"}}) == ["a", "a"]
+
+
+def test_the_packages_between_import_each_other_without_a_cycle() -> None:
+    graph: dict[str, set[str]] = {room: set() for room in ROOMS}
+    why: dict[tuple[str, str], list[Edge]] = {}
+    for e in edges():
+        src, dst = _top(e[0]), _top(e[3])
+        if src in ROOMS and dst in ROOMS and src != dst:
+            graph[src].add(dst)
+            why.setdefault((src, dst), []).append(e)
+    cycle = _cycle(graph)
+    if cycle:
+        steps = [f"{a} -> {b}:\n{_where(why[(a, b)])}" for a, b in itertools.pairwise(cycle)]
+        message = "import cycle " + " -> ".join(cycle) + "\n" + "\n".join(steps)
+        print(message)
+        raise AssertionError(message)
