@@ -4,6 +4,9 @@
 carries what must survive from one evaluation to the next:
 
 * the firing alerts by fingerprint, so an alert that keeps firing keeps its ``starts_at``;
+* the pending alerts (a condition that holds but not yet for its hold time) with the time it
+  began to hold, as Prometheus keeps an alerting rule's ``for`` (KvCacheUsageHigh:
+  ``[alerts] kv_usage_high_for``, the same ``for`` as the generated rule);
 * the last scaling recommendation per pool (ScalingRecommendationChanged);
 * per target, the consecutive failed scrapes seen (used only when the caller does not pass
   ``down_streaks`` read from the stored ``up`` series).
@@ -19,7 +22,8 @@ alertname                       severity  fires when
 ErrorBudgetBurn                 page /    a row of ``[engine] burn_rate_alerts`` of that
                                 ticket    severity fires (``slos[].alerts``)
 ErrorBudgetLow                  ticket    ``budget_remaining < [alerts] budget_low_ratio``
-KvCacheUsageHigh (per replica)  ticket    ``kv_cache_usage_perc > [scaling] admission_kv_usage``
+KvCacheUsageHigh (per replica)  ticket    ``kv_cache_usage_perc > [alerts] kv_usage_high``
+                                          for ``[alerts] kv_usage_high_for``
 TokenAnomaly (per pool, model)  ticket    ``anomalies[]`` lists requests above the threshold
 TargetDown (per target)         ticket    the last ``[alerts] target_down_scrapes`` failed
 ScalingRecommendationChanged    ticket    a pool's recommendation is not ``hold``
@@ -76,6 +80,9 @@ class ConditionState:
     """
 
     firing: Mapping[str, Alert] = field(default_factory=dict)
+    #: fingerprint -> when its condition began to hold (Unix seconds), while it waits for
+    #: its hold time before firing.
+    pending: Mapping[str, float] = field(default_factory=dict)
     scaling: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     down: Mapping[str, tuple[float, int]] = field(default_factory=dict)
 
@@ -86,6 +93,8 @@ class _Candidate:
 
     labels: dict[str, str]
     annotations: dict[str, str]
+    #: How long the condition must hold before the alert fires (seconds; 0 = at once).
+    hold_s: float = 0.0
 
 
 def _pct(x: float) -> str:
@@ -183,7 +192,7 @@ def _pool_model(config: Config, pool: str) -> str:
 def _kv_alerts(config: Config, status: Mapping[str, Any],
                kv_usage: Mapping[tuple[str, str], float] | None) -> list[_Candidate]:
     """KvCacheUsageHigh per replica; without per-replica values, per pool from ``.max``."""
-    limit = config.scaling.admission_kv_usage
+    limit = config.alerts.kv_usage_high
     if kv_usage is None:
         # The pool's busiest replica stands in (instance unknown): still fires, one per pool.
         kv_usage = {
@@ -203,13 +212,13 @@ def _kv_alerts(config: Config, status: Mapping[str, Any],
             ANNOTATION_SUMMARY: f"KV cache of {who} (pool {pool}) is nearly full",
             ANNOTATION_DESCRIPTION: (
                 f"KV-cache usage of {who} in pool {pool} is {_pct(value)}, above "
-                f"{_pct(limit)}: vLLM starts refusing new requests. Add replicas "
-                f"(vigil slo status)."
+                f"{_pct(limit)}: when it is full, vLLM queues new requests and preempts "
+                f"running ones (recomputed later). Add replicas (vigil slo status)."
             ),
             ANNOTATION_DASHBOARD_URL: config.alerts.dashboard_url,
             ANNOTATION_OBSERVED: _pct(value),
             ANNOTATION_OBJECTIVE: f"<= {_pct(limit)}",
-        }))
+        }, hold_s=config.alerts.kv_usage_high_for))
     return out
 
 
@@ -366,6 +375,7 @@ def evaluate_conditions(
     candidates += target_alerts
 
     firing: dict[str, Alert] = {}
+    pending: dict[str, float] = {}
     for c in candidates:
         alert = Alert(c.labels, c.annotations, starts_at=now)
         before = previous.firing.get(alert.fingerprint)
@@ -373,8 +383,17 @@ def evaluate_conditions(
             # Still the same alert (same labels): it keeps the time it started firing, with
             # today's values in its annotations.
             alert = Alert(alert.labels, alert.annotations, starts_at=before.starts_at)
+        elif c.hold_s > 0:
+            # Prometheus's ``for``: the alert fires once its condition has held for the hold
+            # time, and its startsAt is when it began to hold (the rule's activeAt).
+            since = previous.pending.get(alert.fingerprint, now)
+            if now - since < c.hold_s:
+                pending[alert.fingerprint] = since
+                continue
+            alert = Alert(alert.labels, alert.annotations, starts_at=since)
         firing.setdefault(alert.fingerprint, alert)
     resolved = [a.resolved_at(now) for fp, a in sorted(previous.firing.items())
                 if fp not in firing]
     alerts = sorted(firing.values(), key=lambda a: a.fingerprint) + resolved
-    return alerts, ConditionState(firing=firing, scaling=scaling_state, down=down_state)
+    return alerts, ConditionState(firing=firing, pending=pending, scaling=scaling_state,
+                                  down=down_state)

@@ -11,7 +11,9 @@ triggers: the very rule ``slo.scaling`` applies on scale-out (``ceil(current × 
 * ``kv-cache-usage``: the mean over replicas of each replica's KV-cache usage, threshold
   ``scale_out_kv_usage``;
 * ``ttft-p95``: the pool's TTFT p95 over ``[engine] window``, threshold
-  ``scale_out_ttft_ratio`` × the pool's strictest TTFT SLO threshold.
+  ``scale_out_ttft_ratio`` × the pool's strictest TTFT SLO threshold; the quantile is
+  ``[scaling] scale_out_ttft_quantile`` (0.95 by default), which names the trigger (``ttft-p90``
+  for 0.9, ``ttft-p99-9`` for 0.999).
 
 The queries are built by the same functions as the recording rules (``alerts.rules_promql``),
 so the two cannot drift; each is a single-element vector (KEDA refuses more than one element),
@@ -20,10 +22,11 @@ and ``or vector(0)`` turns "no data" (an idle pool, no replica) into 0 rather th
 Behaviour (``advanced.horizontalPodAutoscalerConfig.behavior``): scale-up is immediate
 (stabilisation 0 s; +100 % or +4 pods per 15 s, whichever is more: the HPA's own default),
 because a GPU replica takes minutes to start. Scale-down waits for a stabilisation window of
-``max(600 s, scale_in_hold, cooldown)``, so a replica is removed only when every trigger has
-asked for fewer replicas for that long, and removes one pod per ``scale_in_hold`` like
-``slo.scaling``. KEDA's ``cooldownPeriod`` only governs scaling to and from zero replicas
-(``min_replicas = 0``), so the seed's cooldown is carried by the scale-down window, not by it.
+``max([rules.keda] min_scale_down_stabilization, scale_in_hold, cooldown)`` (10 min at
+least by default), so a replica is removed only when every trigger has asked for fewer
+replicas for that long, and removes one pod per ``scale_in_hold`` like ``slo.scaling``. KEDA's
+``cooldownPeriod`` only governs scaling to and from zero replicas (``min_replicas = 0``), so
+the ``[scaling] cooldown`` is carried by the scale-down window, not by it.
 
 Not carried over: the projection ``spinup`` seconds ahead and the +1 minimum step of scale-out
 (the HPA has neither), and the 10 % tolerance the HPA applies before acting.
@@ -52,7 +55,8 @@ from alerts.rules_promql import (
     quantile_expr,
     queue_length_expr,
 )
-from slo.signals import TTFT_QUANTILE, ttft_threshold_for
+from slo.quantiles import quantile_key
+from slo.signals import ttft_threshold_for
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
     LABEL_POOL,
@@ -64,7 +68,6 @@ from vigil.errors import ConfigError
 
 __all__ = [
     "DEFAULT_PROMETHEUS_URL",
-    "MIN_SCALE_DOWN_STABILIZATION_S",
     "SIGNALS",
     "SIGNAL_VIGIL",
     "SIGNAL_VLLM",
@@ -77,8 +80,6 @@ __all__ = [
 #: Where KEDA finds Prometheus when neither ``--prometheus-url`` nor ``[engine]
 #: prometheus_url`` says: the Service the Prometheus Operator creates.
 DEFAULT_PROMETHEUS_URL = "http://prometheus-operated.monitoring.svc:9090"
-#: The scale-down stabilisation window is never shorter than this (seconds).
-MIN_SCALE_DOWN_STABILIZATION_S = 600
 #: Kubernetes' limits: behavior.*.stabilizationWindowSeconds <= 3600, periodSeconds <= 1800.
 _MAX_STABILIZATION_S = 3600
 _MAX_PERIOD_S = 1800
@@ -176,13 +177,16 @@ def _triggers(config: Config, pool: PoolConfig, url: str) -> tuple[list[dict[str
                                                                    list[str]]:
     s = config.scaling
     ttft = s.scale_out_ttft_ratio * ttft_threshold_for(config, pool)
+    q = s.scale_out_ttft_quantile
+    # A trigger name is part of a Kubernetes metric name: no dot ("p99.9" -> "p99-9").
+    ttft_name = "ttft-" + quantile_key(q).replace(".", "-")
     candidates = [
         ("queue-length", queue_length_expr(pool.name, by=()), s.scale_out_queue_length,
          "scaling.scale_out_queue_length"),
         ("kv-cache-usage", kv_usage_expr(pool.name, "avg", by=()), s.scale_out_kv_usage,
          "scaling.scale_out_kv_usage"),
-        ("ttft-p95", quantile_expr(TTFT_QUANTILE, VLLM_TTFT, pool.name, config.engine.window,
-                                   by=()), ttft, "scaling.scale_out_ttft_ratio"),
+        (ttft_name, quantile_expr(q, VLLM_TTFT, pool.name, config.engine.window, by=()),
+         ttft, "scaling.scale_out_ttft_ratio"),
     ]
     triggers, warnings = [], []
     for name, query, threshold, key in candidates:
@@ -217,7 +221,8 @@ def scaled_object(config: Config, pool: PoolConfig,
                           "needs at least one trigger", file=config.source or None, key="scaling")
     s = config.scaling
     hold = math.ceil(s.scale_in_hold)
-    stabilization = max(MIN_SCALE_DOWN_STABILIZATION_S, hold, math.ceil(s.cooldown))
+    stabilization = max(math.ceil(config.rules.keda.min_scale_down_stabilization), hold,
+                        math.ceil(s.cooldown))
     if stabilization > _MAX_STABILIZATION_S:
         warnings.append(f"pool {pool.name}: scale-down stabilisation capped at "
                         f"{_MAX_STABILIZATION_S} s (Kubernetes' maximum), not {stabilization} s")

@@ -11,9 +11,9 @@ rules (``semantics="2"``), through ``SeriesSource``, an in-memory ``slo.source.S
 
 The fleet of pool ``p``: replica ``R0`` (the pool's first vLLM target, else ``p-0``) serves
 every model of the pool's SLOs for two hours, one sample a minute, with fixed traffic per
-minute (``TRAFFIC``): 2 % errors, a TTFT and an e2e mix around the seed's thresholds, KV-cache
+minute (``TRAFFIC``): 2 % errors, a TTFT and an e2e mix around the default thresholds, KV-cache
 usage 0.95, 7 requests waiting. Replica ``R1`` (the second target, else ``p-1``) is down all
-along (``up`` 0, no vLLM series). With the seed's SLOs this pages on availability (burn 100),
+along (``up`` 0, no vLLM series). With the default SLOs this pages on availability (burn 100),
 files tickets on the error rate and TTFT, leaves e2e alone, and raises ``KvCacheUsageHigh``,
 ``TargetDown`` and ``ErrorBudgetLow``.
 
@@ -364,7 +364,7 @@ class EngineExpectations:
                 per_instance.setdefault(dict(labels)[LABEL_INSTANCE], []).append(value)
             for instance, values in sorted(per_instance.items()):
                 mean = math.fsum(values) / len(values)
-                if held and mean > self.config.scaling.admission_kv_usage:
+                if held and mean > self.config.alerts.kv_usage_high:
                     out.append({LABEL_POOL: self.pool.name, LABEL_INSTANCE: instance,
                                 **rule.labels})
             return out

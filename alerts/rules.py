@@ -56,6 +56,7 @@ __all__ = [
     "Validated",
     "generate",
     "prom_duration",
+    "rules_options",
     "validate",
     "write_files",
 ]
@@ -170,15 +171,16 @@ def validate(config: Config) -> Validated:
                                        "endpoint label (per-endpoint SLIs need the gateway's "
                                        "request log)"))
             continue
-        # Without [[slos]] the seed's SLOs take everything from [slo_defaults], whose ratios
+        # Without [[slos]] the default SLOs take everything from [slo_defaults], whose ratios
         # may be 0 or 1 (an [[slos]] objective may not).
-        seed = not config.slos
+        defaults = not config.slos
         if not 0.0 < spec.objective < 1.0:
             raise ConfigError(f"SLO {spec.name!r}: the objective must be between 0 and 1 "
                               f"(exclusive) for burn-rate rules, got {spec.objective!r}",
                               file=file or None,
-                              key=f"slo_defaults.{spec.indicator}_objective" if seed else "slos")
-        _check_window(spec.period_s, "slo_defaults.period" if seed else "slos", file)
+                              key=f"slo_defaults.{spec.indicator}_objective" if defaults
+                              else "slos")
+        _check_window(spec.period_s, "slo_defaults.period" if defaults else "slos", file)
         specs.append(spec)
     table = config.engine.burn_rate_alerts
     windows = burn_windows(table)
@@ -191,9 +193,23 @@ def validate(config: Config) -> Validated:
     return Validated(tuple(specs), tuple(skipped), all_windows, current)
 
 
+def rules_options(config: Config, *, interval_s: float | None = None,
+                  period_interval_s: float | None = None) -> RulesOptions:
+    """The options of ``config``'s ``[rules]`` section (evaluation intervals, seconds), each
+    overridden when given (``vigil rules prometheus --interval``, ``--period-interval``), and
+    ``KvCacheUsageHigh``'s ``for`` from ``[alerts] kv_usage_high_for`` (seconds)."""
+    return replace(
+        RulesOptions(),
+        interval_s=config.rules.interval if interval_s is None else interval_s,
+        period_interval_s=(config.rules.period_interval if period_interval_s is None
+                           else period_interval_s),
+        kv_alert_for_s=config.alerts.kv_usage_high_for,
+    )
+
+
 def generate(config: Config, options: RulesOptions | None = None) -> RulesResult:
-    """Run the whole pipeline on ``config``."""
-    opts = options or RulesOptions()
+    """Run the whole pipeline on ``config``; without ``options``, ``rules_options(config)``."""
+    opts = options or rules_options(config)
     v = validate(config)
     slo_groups: list[RuleGroup] = []
     sli = sli_recording_rules(v.specs, v.windows_s, opts)

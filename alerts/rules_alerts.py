@@ -14,8 +14,9 @@ Per SLO (group ``vigil-slo-alerts-<slo>``):
 Per pool (group ``vigil-pool-alerts-<pool>``):
 
 * ``KvCacheUsageHigh`` (``ticket``): a replica's KV-cache usage (its engines averaged) above
-  ``[scaling] admission_kv_usage`` for ``RulesOptions.kv_alert_for_s``: vLLM then starts
-  refusing requests on that replica;
+  ``[alerts] kv_usage_high`` for ``RulesOptions.kv_alert_for_s``: the cache is nearly full, and
+  once it is, vLLM's scheduler stops admitting waiting requests (they queue) and preempts
+  running ones (their KV is recomputed later);
 * ``TargetDown`` (``ticket``): ``up == 0`` for ``[alerts] target_down_scrapes`` consecutive
   scrapes, i.e. for ``(N - 1) × scrape interval`` (the first failed scrape starts the clock).
   One rule for the pool when its targets share a scrape interval, else one per target.
@@ -191,7 +192,7 @@ def _target_down(config: Config, pool: PoolConfig) -> list[Rule]:
 
 
 def _pool_alerts(config: Config, pool: PoolConfig, options: RulesOptions) -> tuple[Rule, ...]:
-    threshold = number(config.scaling.admission_kv_usage)
+    threshold = number(config.alerts.kv_usage_high)
     kv = Rule(
         alert=ALERT_KV_CACHE_HIGH,
         expr=f"{replica_kv_usage_expr(pool.name)} > {threshold}",
@@ -202,8 +203,9 @@ def _pool_alerts(config: Config, pool: PoolConfig, options: RulesOptions) -> tup
                                 "is nearly full",
             ANNOTATION_DESCRIPTION: (
                 f"KV-cache usage of {{{{ $labels.instance }}}} has been above {threshold} for "
-                f"{prom_duration(options.kv_alert_for_s)}: vLLM starts refusing new requests. "
-                f"Add replicas to pool {{{{ $labels.pool }}}} (vigil slo status)."
+                f"{prom_duration(options.kv_alert_for_s)}: when it is full, vLLM queues new "
+                f"requests and preempts running ones (recomputed later). Add replicas to pool "
+                f"{{{{ $labels.pool }}}} (vigil slo status)."
             ),
             ANNOTATION_DASHBOARD_URL: config.alerts.dashboard_url,
         },

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from vigil.config import AlertsConfig, RulesConfig
 from vigil.durations import format_duration
 
 __all__ = ["Origin", "Rule", "RuleGroup", "RulesOptions", "prom_duration"]
@@ -30,19 +31,20 @@ def prom_duration(seconds: float) -> str:
 
 @dataclass(frozen=True)
 class RulesOptions:
-    """Knobs of ``vigil rules prometheus`` that are not in the Vigil config (seconds).
+    """Knobs of ``vigil rules prometheus`` (seconds); ``alerts.rules.rules_options`` takes the
+    intervals from ``[rules]`` and the KV hold from ``[alerts]``, whose defaults these are.
 
     ``interval_s``: evaluation interval of every rule group but the period ones;
     ``period_interval_s``: of the ``vigil-slo-period-*`` groups, whose 30-day ``increase`` reads
     a month of raw samples per evaluation (a budget figure five minutes old is still exact for
     its evaluation time); ``kv_alert_for_s``: how long a replica's KV-cache usage must stay above
-    ``[scaling] admission_kv_usage`` before ``KvCacheUsageHigh`` fires (a single full scrape
-    during a burst is normal).
+    ``[alerts] kv_usage_high`` before ``KvCacheUsageHigh`` fires, the rule's ``for``
+    (``[alerts] kv_usage_high_for``: a single full scrape during a burst is normal).
     """
 
-    interval_s: float = 30.0
-    period_interval_s: float = 300.0
-    kv_alert_for_s: float = 60.0
+    interval_s: float = RulesConfig().interval
+    period_interval_s: float = RulesConfig().period_interval
+    kv_alert_for_s: float = AlertsConfig().kv_usage_high_for
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "period_interval_s"):

@@ -1,10 +1,11 @@
-"""The scaling recommendation for one pool: the seed's policy as a pure function.
+"""The scaling recommendation for one pool: Vigil's scaling policy as a pure function.
 
 The policy (every number from ``ScalingConfig``; see ``docs/scaling.md``):
 
 * **Scale out** when ANY signal is over its threshold — KV-cache usage > 0.80, queue length
-  > 50, TTFT p95 > 0.80 × the TTFT SLO threshold — *or* its least-squares projection over the
-  GPU spin-up time (3 min) is. The desired count is proportional to the worst signal:
+  > 50, TTFT p95 (``scale_out_ttft_quantile``) > 0.80 × the TTFT SLO threshold — *or* its
+  least-squares projection over the GPU spin-up time (3 min) is. The desired count is
+  proportional to the worst signal:
   ``clamp(max(current + 1, ceil(current × worst value / threshold)), min, max)``.
 * **Scale in** by one replica only when ALL of: KV-cache usage < 0.30 and queue length <= 0 at
   every sample of the last ``scale_in_hold`` (10 min), with the data covering that whole span.
@@ -58,6 +59,8 @@ Action = Literal["scale_out", "scale_in", "hold"]
 # Signal names: the keys of ``Recommendation.signals`` and ``Reason.signal``.
 SIGNAL_KV = "kv_cache_usage"
 SIGNAL_QUEUE = "queue_length"
+#: The TTFT at ``ScalingConfig.scale_out_ttft_quantile``; the key keeps its name (p95 is the
+#: default) so that status consumers need not follow the setting.
 SIGNAL_TTFT = "ttft_p95_seconds"
 # Pseudo-signals: reasons that are about the decision, not the load.
 SIGNAL_COOLDOWN = "cooldown"
@@ -76,7 +79,7 @@ DEFAULT_MAX_AGE_S = 300.0
 _LABELS = {
     SIGNAL_KV: "KV-cache usage",
     SIGNAL_QUEUE: "queue length",
-    SIGNAL_TTFT: "TTFT p95",
+    SIGNAL_TTFT: "TTFT",
 }
 
 # ceil() of a ratio such as 1.9999999999999998 (0.8 × 0.8 is 0.6400000000000001) must not
@@ -107,7 +110,8 @@ class Reason:
     ``comparison`` the operator that held (``">"``, ``"<"``, ``"<="``, ``">="``);
     ``projected`` the least-squares projection ``horizon_s`` ahead (None when no projection is
     involved). ``trend_per_s`` is the fitted slope (units per second), ``window_s`` the span a
-    held condition covers (seconds).
+    held condition covers (seconds). ``quantile`` (ratio 0-1) is the TTFT quantile compared,
+    named in ``text`` (``"TTFT p95"``).
     """
 
     signal: str
@@ -118,6 +122,7 @@ class Reason:
     trend_per_s: float | None = None
     horizon_s: float | None = None
     window_s: float | None = None
+    quantile: float | None = None
 
     @property
     def text(self) -> str:
@@ -142,6 +147,8 @@ class Reason:
                 f"{self.comparison} {format_duration(self.threshold)}"
             )
         label = _LABELS.get(self.signal, self.signal)
+        if self.quantile is not None:
+            label += f" p{self.quantile * 100:g}"
         value = _fmt(self.signal, self.value)
         threshold = _fmt(self.signal, self.threshold)
         if self.window_s is not None:  # a held scale-in condition: value is the window's max
@@ -185,7 +192,8 @@ class Recommendation:
     ``next_decision_at`` (Unix seconds) is when a new decision is allowed: ``now`` outside the
     cooldown, the end of the cooldown inside it. ``signals`` holds the current value of each
     signal (None when missing): ``kv_cache_usage`` (ratio 0-1, mean over replicas),
-    ``queue_length`` (requests, sum over replicas), ``ttft_p95_seconds``; ``slo.signals`` adds
+    ``queue_length`` (requests, sum over replicas), ``ttft_p95_seconds`` (the TTFT at
+    ``scale_out_ttft_quantile``, seconds); ``slo.signals`` adds
     ``kv_cache_usage_max`` (the busiest replica, for display only).
     """
 
@@ -355,10 +363,11 @@ def decide(
     fit_window_s: float | None = None,
     max_age_s: float = DEFAULT_MAX_AGE_S,
 ) -> Recommendation:
-    """The seed's scaling policy for one pool at ``now`` (Unix seconds).
+    """The scaling policy for one pool at ``now`` (Unix seconds).
 
     ``kv`` is the pool's KV-cache usage (ratio 0-1, mean over replicas), ``queue`` its queue
-    length (waiting requests, sum over replicas), ``ttft_p95`` its TTFT p95 (seconds); each a
+    length (waiting requests, sum over replicas), ``ttft_p95`` its TTFT at
+    ``scaling.scale_out_ttft_quantile`` (p95 by default; seconds); each a
     timeline of ``(Unix seconds, value)``, None or empty when the signal is missing (it then
     triggers nothing and is reported as None). ``current`` is the number of ready replicas;
     ``ttft_threshold_s`` the TTFT SLO threshold (seconds; scale-out happens above
@@ -418,6 +427,7 @@ def decide(
         triggers.append(Reason(
             s.name, value, s.threshold, projected, ">", trend_per_s=slope,
             horizon_s=None if projected is None else spinup,
+            quantile=float(scaling.scale_out_ttft_quantile) if s.name == SIGNAL_TTFT else None,
         ))
         # Size for the larger of now and the projection: new replicas arrive at now + spinup.
         over = max(v for v in (value, projected) if v is not None and v > s.threshold)

@@ -14,8 +14,9 @@ labels every series with ``instance``/``pool``/``kind``):
   ``sum(vllm:num_requests_waiting{pool="p",kind="vllm"})`` — because waiting requests are work
   the pool as a whole has not started, whichever replica holds them.
 * **TTFT p95** (seconds) is ``histogram_quantile(0.95, sum by (le)
-  (rate(vllm:time_to_first_token_seconds_bucket{pool="p",kind="vllm"}[5m])))``, the window
-  being ``[engine] window``. We ask the source for the bucket *increase*; the quantile is the
+  (rate(vllm:time_to_first_token_seconds_bucket{pool="p",kind="vllm"}[5m])))``, the quantile
+  being ``[scaling] scale_out_ttft_quantile`` (0.95 by default) and the window ``[engine]
+  window``. We ask the source for the bucket *increase*; the quantile is the
   same because ``rate`` divides every bucket by the same window length and
   ``histogram_quantile`` only uses ratios of bucket counts.
 
@@ -58,7 +59,6 @@ __all__ = [
     "KV_METRIC",
     "QUEUE_METRIC",
     "TTFT_METRIC",
-    "TTFT_QUANTILE",
     "PoolSignals",
     "ReplicaChange",
     "current_replicas",
@@ -71,7 +71,7 @@ __all__ = [
     "recommend_for_pool",
     "replica_changes",
     "sample_times",
-    "ttft_p95_at",
+    "ttft_quantile_at",
     "ttft_threshold_for",
 ]
 
@@ -79,7 +79,6 @@ KV_METRIC = "vllm:kv_cache_usage_perc"
 QUEUE_METRIC = "vllm:num_requests_waiting"
 #: The histogram's base name; the source adds ``_bucket``.
 TTFT_METRIC = "vllm:time_to_first_token_seconds"
-TTFT_QUANTILE = 0.95
 #: Seconds between samples of a signal timeline: the default scrape interval.
 DEFAULT_STEP_S = 15.0
 #: Seconds after a pool's first sample during which targets coming up are the collector
@@ -137,17 +136,20 @@ def queue_length_at(source: Source, pool: PoolConfig, at_s: float) -> float | No
     return math.fsum(values) if values else None
 
 
-def ttft_p95_at(
-    source: Source, pool: PoolConfig, at_s: float, window_s: float = 300.0
+def ttft_quantile_at(
+    source: Source, pool: PoolConfig, at_s: float, window_s: float = 300.0,
+    quantile: float | None = None,
 ) -> float | None:
-    """The pool's TTFT p95 (seconds) over the ``window_s`` before ``at_s``; None when there is
-    no histogram or no request in the window (PromQL's NaN)."""
+    """The pool's TTFT ``quantile`` (seconds; default ``[scaling] scale_out_ttft_quantile``'s
+    default, the p95) over the ``window_s`` before ``at_s``; None when there is no histogram
+    or no request in the window (PromQL's NaN)."""
+    q = ScalingConfig().scale_out_ttft_quantile if quantile is None else quantile
     groups = source.bucket_increase(TTFT_METRIC, pool_matchers(pool), at_s, window_s, by=())
     buckets = groups.get(())
     if not buckets:
         return None
-    q = histogram_quantile(TTFT_QUANTILE, buckets, source.semantics)
-    return q if math.isfinite(q) else None
+    value = histogram_quantile(q, buckets, source.semantics)
+    return value if math.isfinite(value) else None
 
 
 @dataclass(frozen=True)
@@ -155,8 +157,8 @@ class PoolSignals:
     """The sampled timelines of one pool (``(Unix seconds, value)``, oldest first).
 
     ``kv_mean`` and ``kv_max`` are KV-cache usage (ratio 0-1, mean and max over replicas),
-    ``queue`` waiting requests (sum over replicas), ``ttft_p95`` seconds. A time with no data
-    is left out of a timeline.
+    ``queue`` waiting requests (sum over replicas), ``ttft_p95`` the TTFT at ``[scaling]
+    scale_out_ttft_quantile`` (seconds). A time with no data is left out of a timeline.
     """
 
     kv_mean: Timeline
@@ -177,9 +179,10 @@ def pool_signals(
 ) -> PoolSignals:
     """Sample the pool's signals every ``step_s`` seconds up to ``at_s`` (see module docs).
 
-    KV-cache usage and queue length span ``max(scaling.scale_in_hold, fit window)``; TTFT p95
-    spans the fit window (default ``fit_window_for(scaling)``), each p95 computed over the
-    ``ttft_window_s`` before its sample time.
+    KV-cache usage and queue length span ``max(scaling.scale_in_hold, fit window)``; the TTFT
+    quantile (``scaling.scale_out_ttft_quantile``) spans the fit window (default
+    ``fit_window_for(scaling)``), each computed over the ``ttft_window_s`` before its sample
+    time.
     """
     fit = fit_window_for(scaling) if fit_window_s is None else float(fit_window_s)
     kv_mean: Timeline = []
@@ -195,9 +198,10 @@ def pool_signals(
             queue.append((t, q))
     ttft: Timeline = []
     for t in sample_times(at_s, fit, step_s):
-        p95 = ttft_p95_at(source, pool, t, ttft_window_s)
-        if p95 is not None:
-            ttft.append((t, p95))
+        value = ttft_quantile_at(source, pool, t, ttft_window_s,
+                                 float(scaling.scale_out_ttft_quantile))
+        if value is not None:
+            ttft.append((t, value))
     return PoolSignals(kv_mean, kv_max, queue, ttft)
 
 

@@ -134,7 +134,8 @@ def pool_status(
     up = source.instant(SERIES_UP, m, at_s)
     return {
         "models": model_quantiles(source, pool.name, at_s, window_s, models=models,
-                                  request_log=request_log),
+                                  request_log=request_log, normalised_output_tokens=(
+                                      config.slo_defaults.e2e_reference_output_tokens)),
         # avg/max over the pool's replicas of their latest value (ratio 0-1)
         "kv_cache_usage": {"avg": avg_aggregate(kv, sem), "max": _max(kv)},
         # sum(vllm:num_requests_waiting{pool}): requests waiting, deferred ones included

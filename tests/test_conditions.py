@@ -22,7 +22,8 @@ CFG = parse_config({
     "targets": [{"name": "r0", "url": "http://127.0.0.1:1/metrics", "pool": "chat"}],
     "slos": [{"name": "chat-ttft", "pool": "chat", "indicator": "ttft",
               "threshold_seconds": 0.5, "objective": 0.99}],
-    "alerts": {"dashboard_url": "http://dash.example", "target_down_scrapes": 3},
+    "alerts": {"dashboard_url": "http://dash.example", "target_down_scrapes": 3,
+               "kv_usage_high_for": "0s"},
 })
 WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
 
@@ -66,12 +67,12 @@ def names(alerts: list[Any], firing: bool = True) -> list[str]:
     return sorted(a.name for a in alerts if a.firing is firing)
 
 
-def run(sequence: list[tuple[dict[str, Any], list[TargetHealth], dict[str, Any]]]
-        ) -> list[list[Any]]:
+def run(sequence: list[tuple[dict[str, Any], list[TargetHealth], dict[str, Any]]],
+        config: Any = CFG) -> list[list[Any]]:
     state = ConditionState()
     out = []
     for i, (st, targets, kw) in enumerate(sequence):
-        alerts, state = evaluate_conditions(CFG, st, targets, state, 100.0 + i * 30, **kw)
+        alerts, state = evaluate_conditions(config, st, targets, state, 100.0 + i * 30, **kw)
         out.append(alerts)
     return out
 
@@ -124,6 +125,25 @@ def test_kv_high_is_per_replica():
     assert a.name == ALERT_KV_CACHE_HIGH and a.labels["instance"] == "r0"
     assert "95.0 %" in a.annotations["description"]
     assert names(steps[1], firing=False) == [ALERT_KV_CACHE_HIGH]
+
+
+def test_kv_high_waits_for_its_hold_like_the_rules_for():
+    """``kv_usage_high_for`` = 60 s, evaluations every 30 s from t = 100: pending at 100 and
+    130, firing at 160 with startsAt 100 (Prometheus's activeAt); a dip resets the hold."""
+    held = CFG.model_copy(update={"alerts": CFG.alerts.model_copy(
+        update={"kv_usage_high_for": 60.0})})
+    hot, cool = {("chat", "r0"): 0.95}, {("chat", "r0"): 0.40}
+    steps = run([(status(), UP, {"kv_usage": hot}), (status(), UP, {"kv_usage": hot}),
+                 (status(), UP, {"kv_usage": hot}), (status(), UP, {"kv_usage": hot})], held)
+    assert steps[0] == [] and steps[1] == []
+    (fired,) = steps[2]
+    assert fired.name == ALERT_KV_CACHE_HIGH and fired.starts_at == 100.0 and fired.firing
+    assert steps[3][0].starts_at == 100.0
+    dipped = run([(status(), UP, {"kv_usage": hot}), (status(), UP, {"kv_usage": cool}),
+                  (status(), UP, {"kv_usage": hot}), (status(), UP, {"kv_usage": hot}),
+                  (status(), UP, {"kv_usage": hot})], held)
+    assert dipped[:4] == [[], [], [], []]
+    assert [a.starts_at for a in dipped[4]] == [160.0]
 
 
 def test_kv_high_falls_back_to_the_pool_max():

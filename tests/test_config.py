@@ -1,4 +1,4 @@
-"""Config: defaults from the seed, loud errors naming file and key, the example file."""
+"""Config: Vigil's defaults, loud errors naming file and key, the example file."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_example_loads():
     assert {t.kind for t in cfg.targets} == {"vllm", "dcgm"}
 
 
-def test_seed_numbers_are_defaults():
+def test_slo_and_scaling_numbers_are_defaults():
     cfg = Config()
     assert cfg.slo_defaults.ttft_threshold_seconds == 0.8
     assert cfg.slo_defaults.e2e_threshold_seconds == 8.0
@@ -62,7 +62,11 @@ def test_seed_numbers_are_defaults():
     assert cfg.scaling.scale_in_kv_usage == 0.3
     assert cfg.scaling.scale_in_hold == 600
     assert cfg.scaling.cooldown == 300
-    assert cfg.scaling.admission_kv_usage == 0.9
+    assert cfg.scaling.scale_out_ttft_quantile == 0.95
+    assert cfg.slo_defaults.e2e_reference_output_tokens == 512
+    assert cfg.alerts.kv_usage_high == 0.9
+    assert (cfg.rules.interval, cfg.rules.period_interval) == (30, 300)
+    assert cfg.rules.keda.min_scale_down_stabilization == 600
     assert cfg.anomaly.token_multiplier == 10
     assert cfg.collector.scrape_interval == 15
     assert cfg.collector.scrape_timeout == 10
@@ -224,6 +228,11 @@ def test_explicit_target_timeout_above_interval(tmp_path):
         ("store", "raw_retention = inf"),
         ("store", "raw_retention = 0"),
         ("collector", "compact_interval = 0"),
+        ("scaling", "scale_out_ttft_quantile = 0"),
+        ("scaling", "scale_out_ttft_quantile = 1.5"),
+        ("rules", "interval = 0"),
+        ("rules", "period_interval = '-1m'"),
+        ("rules.keda", "min_scale_down_stabilization = '2h'"),
     ],
 )
 def test_wrong_types_and_ranges_are_errors(tmp_path, section, line):
@@ -241,6 +250,41 @@ def test_bad_target_urls(tmp_path, url):
     with pytest.raises(ConfigError) as e:
         load_config(p)
     assert e.value.key == "targets[0].url"
+
+
+OLD_KV = MINIMAL + "\n[scaling]\nadmission_kv_usage = 0.85\n"
+
+
+def test_old_kv_key_loads_with_a_warning_naming_file_and_both_keys(tmp_path, caplog):
+    p = write(tmp_path, OLD_KV)
+    with pytest.warns(DeprecationWarning) as w:
+        cfg = load_config(p)
+    assert cfg.alerts.kv_usage_high == 0.85
+    (message,) = [str(x.message) for x in w]
+    assert message.startswith(f"{p}: ")
+    assert "[scaling] admission_kv_usage" in message and "[alerts] kv_usage_high" in message
+    assert message in caplog.text  # also logged: DeprecationWarnings are hidden by default
+
+
+def test_old_kv_key_in_a_config_built_in_code_is_migrated_too():
+    with pytest.warns(DeprecationWarning, match="admission_kv_usage"):
+        cfg = Config(scaling={"admission_kv_usage": 0.7}, alerts={"budget_low_ratio": 0.2})
+    assert (cfg.alerts.kv_usage_high, cfg.alerts.budget_low_ratio) == (0.7, 0.2)
+
+
+def test_old_and_new_kv_key_together_are_an_error(tmp_path):
+    p = write(tmp_path, OLD_KV + "[alerts]\nkv_usage_high = 0.9\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert (e.value.file, e.value.key) == (str(p), "scaling.admission_kv_usage")
+    assert "kv_usage_high" in str(e.value)
+
+
+def test_a_bad_value_under_the_old_kv_key_names_the_old_key(tmp_path):
+    p = write(tmp_path, OLD_KV.replace("0.85", "1.5"))
+    with pytest.warns(DeprecationWarning), pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert e.value.key == "scaling.admission_kv_usage"
 
 
 def test_store_path_relative_to_config(tmp_path):
@@ -274,7 +318,7 @@ def test_format_duration():
 def test_cli_exit_code_2_on_bad_config(tmp_path):
     p = write(tmp_path, MINIMAL.replace('pool = "chat"', 'pool = "chot"'))
     proc = subprocess.run(
-        [sys.executable, "-m", "vigil.cli", "targets", "--config", str(p)],
+        [sys.executable, "-m", "vigil_shell.cli", "targets", "--config", str(p)],
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 2

@@ -5,7 +5,8 @@ Kubernetes API server validates a ScaledObject with. Checked here: its ``openAPI
 jsonschema; the fields it does not close (Kubernetes prunes or, with strict field validation,
 refuses unknown fields; JSON schema lets them through) by walking the object against the
 schema's properties; its CEL rule ``minReplicaCount <= maxReplicaCount`` (which JSON schema
-cannot express) by hand; and the behaviour the seed asks for.
+cannot express) by hand; and the behaviour of Vigil's scaling policy (fast scale-out, scale-in
+one replica at a time, only after ``scale_in_hold``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import yaml
 from alerts import rules_cli
 from alerts.keda import (
     DEFAULT_PROMETHEUS_URL,
-    MIN_SCALE_DOWN_STABILIZATION_S,
     KedaOptions,
     generate_keda,
     scaled_object,
@@ -107,7 +107,7 @@ def test_every_scaled_object_validates_against_the_crd() -> None:
         "vigil-chat", "vigil-batch", "vigil-solo"]
     for obj in result.objects:
         _check(obj)
-    for case in ("seed", "fleet"):  # the golden files, as kubectl would read them
+    for case in ("defaults", "fleet"):  # the golden files, as kubectl would read them
         for obj in yaml.safe_load_all((GOLDEN / case / "vigil-keda.yml").read_text()):
             _check(obj)
 
@@ -145,7 +145,8 @@ def test_scale_up_is_fast_and_scale_down_waits_at_least_600s() -> None:
             assert up["selectPolicy"] == "Max"
             assert {"type": "Percent", "value": 100, "periodSeconds": 15} in up["policies"]
             assert {"type": "Pods", "value": 4, "periodSeconds": 15} in up["policies"]
-            assert down["stabilizationWindowSeconds"] >= MIN_SCALE_DOWN_STABILIZATION_S
+            assert down["stabilizationWindowSeconds"] >= (
+                config.rules.keda.min_scale_down_stabilization)
             assert down["stabilizationWindowSeconds"] == expected
             # One replica at a time, every scale_in_hold (capped at Kubernetes' 30 min).
             assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds":
@@ -154,6 +155,30 @@ def test_scale_up_is_fast_and_scale_down_waits_at_least_600s() -> None:
             assert obj["spec"]["cooldownPeriod"] == down["stabilizationWindowSeconds"]
         capped = [w for w in result.warnings if "capped" in w]
         assert bool(capped) == (hold == "2h")
+
+
+@pytest.mark.parametrize("minimum, hold, expected", [
+    ("0s", "5m", 300), ("20m", "5m", 1200), ("20m", "30m", 1800), ("1h", "5m", 3600)])
+def test_the_minimum_scale_down_window_is_configuration(minimum: str, hold: str,
+                                                        expected: int) -> None:
+    config = _config(scaling={"scale_in_hold": hold, "cooldown": "1m"},
+                     rules={"keda": {"min_scale_down_stabilization": minimum}})
+    obj, warnings = scaled_object(config, config.pools[0])
+    down = obj["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+    assert down["stabilizationWindowSeconds"] == expected
+    assert warnings == []
+    _check(obj)
+
+
+@pytest.mark.parametrize("quantile, name", [
+    (0.95, "ttft-p95"), (0.9, "ttft-p90"), (0.999, "ttft-p99-9")])
+def test_the_ttft_trigger_uses_the_configured_quantile(quantile: float, name: str) -> None:
+    config = _config(scaling={"scale_out_ttft_quantile": quantile})
+    obj, _ = scaled_object(config, config.pools[0])
+    (ttft,) = [t for t in obj["spec"]["triggers"] if t["name"].startswith("ttft-")]
+    assert ttft["name"] == name
+    assert ttft["metadata"]["query"].startswith(f"(histogram_quantile({quantile:g}, ")
+    _check(obj)
 
 
 def test_triggers_are_single_element_queries_with_the_scaling_thresholds() -> None:

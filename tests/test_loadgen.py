@@ -1,5 +1,5 @@
 """``vigil loadgen``: arrivals, the request mix, the report's definitions, and real runs
-against the simulator (and a header-capturing server for API keys)."""
+against the simulator (and a recording loopback server for API keys)."""
 
 from __future__ import annotations
 
@@ -11,19 +11,19 @@ import json
 import math
 import random
 import statistics
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+from helpers import LoopbackServer
 
 from serving import loadgen
 from serving.loadgen.client import generate
 from serving.loadgen.report import RequestResult, Slo, percentiles, summarize
 from serving.loadgen.workload import FAQ, Workload, next_interval, plan_request
 from serving.sim.testing import running_fleet, sample_values, total
+from vigil.config import SloDefaults
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -125,6 +125,18 @@ def test_report_definitions_follow_vllm_bench() -> None:
     assert len(max(loadgen.format_report(report).splitlines(), key=len)) <= 100
 
 
+def test_goodput_thresholds_are_the_slo_defaults_unless_given(tmp_path: Path) -> None:
+    defaults = SloDefaults()
+    assert Slo() == Slo(defaults.ttft_threshold_seconds, defaults.e2e_threshold_seconds)
+    base = ("--url", "http://x", "--model", "m")
+    assert loadgen._slo(_args(*base)) == Slo()
+    cfg = tmp_path / "vigil.toml"
+    cfg.write_text("[slo_defaults]\nttft_threshold_seconds = 0.5\ne2e_threshold_seconds = 20.0\n")
+    assert loadgen._slo(_args(*base, "--config", str(cfg))) == Slo(0.5, 20.0)
+    assert loadgen._slo(_args(*base, "--config", str(cfg), "--goodput-ttft", "2")) == Slo(2.0,
+                                                                                        20.0)
+
+
 # --- real runs ----------------------------------------------------------------------------------
 def test_a_run_against_the_simulator_reports_what_the_fleet_served() -> None:
     with running_fleet(1) as fleet:
@@ -172,47 +184,27 @@ def test_concurrency_mode_keeps_that_many_in_flight() -> None:
     assert 1 <= peak <= 3
 
 
-@contextlib.contextmanager
-def _capturing_server() -> Iterator[tuple[str, list[dict]]]:
-    seen: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append({"auth": self.headers.get("Authorization"), "body": body})
-            answer = json.dumps({"choices": [{"text": "ok", "finish_reason": "stop"}],
-                                 "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer.encode())
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+_COMPLETION = json.dumps({"choices": [{"text": "ok", "finish_reason": "stop"}],
+                          "usage": {"prompt_tokens": 3, "completion_tokens": 1}}).encode()
 
 
-def test_api_keys_carry_the_tier_and_without_them_the_priority_does() -> None:
-    with _capturing_server() as (base, seen):
-        wl = Workload(max_requests=20, stream_share=0.0, rate=200, seed=5,
-                      tiers={"premium": 0.5, "batch": 0.5})
-        asyncio.run(generate([base], MODEL, wl, asyncio.Event(),
-                             keys={"premium": "k-prem", "batch": "k-batch"}))
-        assert {s["auth"] for s in seen} == {"Bearer k-prem", "Bearer k-batch"}
-        assert all("priority" not in s["body"] for s in seen)
-        seen.clear()
-        asyncio.run(generate([base], MODEL, wl, asyncio.Event()))
-        assert {s["body"]["priority"] for s in seen} == {0, 2}
-        assert all(s["auth"] is None for s in seen)
+def test_api_keys_carry_the_tier_and_without_them_the_priority_does(
+        http_server: LoopbackServer) -> None:
+    http_server.respond = lambda _: (200, "application/json", _COMPLETION)
+
+    def seen() -> list[tuple[str | None, dict]]:
+        return [(r.headers.get("authorization"), r.json()) for r in http_server.recorded()]
+
+    wl = Workload(max_requests=20, stream_share=0.0, rate=200, seed=5,
+                  tiers={"premium": 0.5, "batch": 0.5})
+    asyncio.run(generate([http_server.url], MODEL, wl, asyncio.Event(),
+                         keys={"premium": "k-prem", "batch": "k-batch"}))
+    assert {auth for auth, _ in seen()} == {"Bearer k-prem", "Bearer k-batch"}
+    assert all("priority" not in body for _, body in seen())
+    http_server.clear()
+    asyncio.run(generate([http_server.url], MODEL, wl, asyncio.Event()))
+    assert {body["priority"] for _, body in seen()} == {0, 2}
+    assert all(auth is None for auth, _ in seen())
 
 
 def test_bad_options_exit_2_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:

@@ -37,7 +37,7 @@ def generated(case: str) -> dict[str, str]:
 
 
 def test_there_are_golden_cases() -> None:
-    assert CASES == ["fleet", "seed"]
+    assert CASES == ["defaults", "fleet"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -25,7 +25,7 @@ from alerts.promtool_tests import (
     pool_inputs,
     render_template,
 )
-from alerts.rules import RulesOptions, generate, validate
+from alerts.rules import RulesOptions, generate, rules_options, validate
 from alerts.rules_model import Origin, Rule, prom_duration
 from alerts.rules_promql import le_label, number, sli_error_expr
 from alerts.scrape_config import scrape_configs
@@ -69,7 +69,7 @@ def _les(expr: str) -> list[str]:
 # --- step 1: validate ---------------------------------------------------------------------
 
 
-def test_validate_takes_the_seed_slos_and_every_window() -> None:
+def test_validate_takes_the_default_slos_and_every_window() -> None:
     v = validate(_config())
     assert [s.name for s in v.specs] == [
         "chat-ttft", "chat-e2e", "chat-error-rate", "chat-availability",
@@ -168,6 +168,7 @@ def test_meta_and_period_groups() -> None:
     meta = by_name["vigil-slo-meta-chat-e2e"]
     period = by_name["vigil-slo-period-chat-e2e"]
     assert (meta.interval_s, period.interval_s) == (20.0, 600.0)
+    assert {g.interval_s for g in result.pool_groups + result.alert_groups} == {20.0}
     rules = {r.record: r for r in meta.rules + period.rules}
     assert rules["slo:objective:ratio"].expr == "vector(0.95)"
     assert rules["slo:error_budget:ratio"].expr == "vector(1 - 0.95)"
@@ -181,6 +182,18 @@ def test_meta_and_period_groups() -> None:
         '1 - slo:period_burn_rate:ratio{slo="chat-e2e"}')
     # The order inside a group is the order of evaluation: the period ratio comes first.
     assert period.rules[0].record == "slo:sli_error:ratio_rate30d"
+
+
+def test_intervals_come_from_the_rules_section_unless_given() -> None:
+    config = _config(rules={"interval": "20s", "period_interval": "10m"})
+    result = generate(config)
+    groups = result.slo_groups + result.pool_groups + result.alert_groups
+    assert {g.interval_s for g in groups if "-period-" in g.name} == {600.0}
+    assert {g.interval_s for g in groups if "-period-" not in g.name} == {20.0}
+    assert result.tests["evaluation_interval"] == "20s"
+    assert rules_options(config, interval_s=45.0) == RulesOptions(interval_s=45.0,
+                                                                  period_interval_s=600.0)
+    assert rules_options(_config()) == RulesOptions()
 
 
 def test_a_period_that_is_a_burn_window_is_recorded_once() -> None:
@@ -268,8 +281,8 @@ def test_a_custom_table_gives_its_own_severities() -> None:
 
 
 def test_budget_low_kv_high_and_target_down() -> None:
-    result = generate(_config(alerts={"budget_low_ratio": 0.2, "target_down_scrapes": 4},
-                              scaling={"admission_kv_usage": 0.85}),
+    result = generate(_config(alerts={"budget_low_ratio": 0.2, "target_down_scrapes": 4,
+                                      "kv_usage_high": 0.85}),
                       RulesOptions(kv_alert_for_s=120))
     low = _alerts(result, "ErrorBudgetLow")[0]
     assert low.expr == 'slo:period_error_budget_remaining:ratio{slo="chat-ttft"} < 0.2'
@@ -295,7 +308,7 @@ def test_target_down_splits_a_pool_whose_targets_scrape_at_different_rates() -> 
     assert all(r.labels["instance"] == r.origin.instance for r in rules)
 
 
-@pytest.mark.parametrize("case", ["seed", "fleet"])
+@pytest.mark.parametrize("case", ["defaults", "fleet"])
 def test_every_rule_is_unique_and_named_from_conventions(case: str) -> None:
     result = generate(load_config(GOLDEN / case / "vigil.toml"))
     seen = Counter((r.name, tuple(sorted(r.labels.items()))) for r in result.rules())
@@ -388,7 +401,7 @@ def test_promtool_document_reads_both_rule_files() -> None:
     assert len(chat["promql_expr_test"]) == len(recorded)
     assert {t["alertname"] for t in chat["alert_rule_test"]} == {
         "ErrorBudgetBurn", "ErrorBudgetLow", "KvCacheUsageHigh", "TargetDown"}
-    # The seed's SLOs on the synthetic fleet: availability pages, three SLOs file tickets.
+    # The default SLOs on the synthetic fleet: availability pages, three SLOs file tickets.
     burn = next(t for t in chat["alert_rule_test"] if t["alertname"] == "ErrorBudgetBurn")
     fired = sorted((a["exp_labels"]["slo"], a["exp_labels"]["severity"])
                    for a in burn["exp_alerts"])
@@ -419,7 +432,7 @@ def test_series_source_answers_like_the_embedded_source(tmp_path: Path) -> None:
                 assert ours.error_ratio is not None
 
 
-@pytest.mark.parametrize("case", ["seed", "fleet"])
+@pytest.mark.parametrize("case", ["defaults", "fleet"])
 def test_prometheus_3_rules_expect_the_same_numbers(case: str) -> None:
     """Evaluated between two samples, the synthetic fleet gives the same floats under the
     3.x rules (left-open ranges, Kahan sums) as under 2.42's, so the generated tests hold for

@@ -1,7 +1,7 @@
 """promtool (Debian's 2.42) accepts every generated rule file and passes the generated tests.
 
 * ``promtool check rules`` on the recording and the alerting rules of several configs: the
-  golden cases, the seed with custom intervals, a config with nothing in it. 2.42 rejects
+  golden cases, the default SLOs with custom intervals, a config with nothing in it. 2.42 rejects
   3.x-only syntax and duplicate rules (same name and labels), so this also proves the files
   load into the Prometheus CI runs;
 * ``promtool test rules`` on the generated tests: Prometheus, evaluating the rules over the
@@ -20,24 +20,27 @@ from pathlib import Path
 import pytest
 from prometheus_server import require_prometheus
 
-from alerts.rules import RulesOptions, generate, write_files
+from alerts.rules import RulesOptions, generate, rules_options, write_files
 from vigil.config import Config, load_config, parse_config
 from vigil.conventions import FILE_ALERT_RULES, FILE_RULES_TEST, FILE_SLO_RULES
 
 pytestmark = pytest.mark.slow
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "rules"
-SEED = {
+DEFAULTS = {
     "pools": [{"name": "chat", "model": "meta-llama/Llama-3.1-8B-Instruct"}],
     "targets": [{"name": "chat-0", "url": "http://127.0.0.1:8000/metrics", "pool": "chat"}],
 }
+FLEET = load_config(GOLDEN / "fleet" / "vigil.toml")
 CONFIGS: dict[str, tuple[Config, RulesOptions]] = {
-    "golden-seed": (load_config(GOLDEN / "seed" / "vigil.toml"), RulesOptions()),
-    "golden-fleet": (load_config(GOLDEN / "fleet" / "vigil.toml"), RulesOptions()),
+    "golden-defaults": (load_config(GOLDEN / "defaults" / "vigil.toml"), RulesOptions()),
+    # The golden files: the fleet's own [rules] intervals (45s, 10m).
+    "golden-fleet": (FLEET, rules_options(FLEET)),
+    "fleet-30s": (FLEET, RulesOptions()),
     # An interval that does not divide a minute: the test's evaluation time moves with it.
-    "seed-45s": (parse_config(SEED), RulesOptions(interval_s=45.0, period_interval_s=90.0)),
+    "defaults-45s": (parse_config(DEFAULTS), RulesOptions(interval_s=45.0, period_interval_s=90.0)),
     # A minute-multiple interval: the evaluation time falls on the sample grid.
-    "seed-1m": (parse_config(SEED), RulesOptions(interval_s=60.0)),
+    "defaults-1m": (parse_config(DEFAULTS), RulesOptions(interval_s=60.0)),
     "empty": (parse_config({}), RulesOptions()),
 }
 
@@ -76,7 +79,7 @@ def test_promtool_test_rules_passes(promtool: str, written: Path) -> None:
 def test_the_generated_tests_catch_a_wrong_value_and_a_wrong_alert(
     promtool: str, tmp_path: Path
 ) -> None:
-    config, options = CONFIGS["golden-seed"]
+    config, options = CONFIGS["golden-defaults"]
     write_files(generate(config, options).files(), tmp_path)
     original = (tmp_path / FILE_RULES_TEST).read_text()
     wrong_value = original.replace("value: 0.17600000000000005", "value: 0.17600000000000007", 1)

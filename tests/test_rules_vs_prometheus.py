@@ -254,7 +254,7 @@ class Engine:
             per: dict[str, list[float]] = {}
             for labels, v in self.source.instant("vllm:kv_cache_usage_perc", m, at).items():
                 per.setdefault(dict(labels)["instance"], []).append(v)
-            limit = self.config.scaling.admission_kv_usage
+            limit = self.config.alerts.kv_usage_high
             return {i for i, vs in per.items() if sum(vs) / len(vs) > limit}
         ups = self.source.instant("up", {"pool": pool.name}, at)
         return {dict(labels)["instance"] for labels, v in ups.items() if v == 0}

@@ -114,6 +114,14 @@ def test_ttft_over_80_percent_of_slo_alone_scales_out() -> None:
     assert reason.text == "TTFT p95 0.650 s > 0.640 s"
 
 
+def test_the_ttft_reason_names_the_configured_quantile() -> None:
+    rec = run(**{**calm(), "ttft": flat(0.65)},
+              scaling=ScalingConfig(scale_out_ttft_quantile=0.9))
+    (reason,) = rec.reasons
+    assert reason.quantile == 0.9
+    assert reason.text == "TTFT p90 0.650 s > 0.640 s"
+
+
 @pytest.mark.parametrize("signal, value", [("kv", 0.80), ("queue", 50), ("ttft", 0.64)])
 def test_exactly_at_a_threshold_is_not_over_it(signal: str, value: float) -> None:
     rec = run(**{**calm(), signal: flat(value)})
@@ -644,6 +652,17 @@ def test_a_replica_added_after_discovery_is_a_scale_out(store: Store) -> None:
     rec = recommend_for_pool(source, config(), POOL, AT)
     assert rec.action == "hold"
     assert rec.next_decision_at == AT - 2 * MIN + 300
+
+
+def test_the_ttft_signal_is_the_configured_quantile(store: Store) -> None:
+    write_replica(store, "r1", kv=0.5, queue=0, ttft=SLOW_TTFT)
+    source = EmbeddedSource(store)
+    median = Config(pools=[POOL], scaling=ScalingConfig(scale_out_ttft_quantile=0.5))
+    # p50: rank 5 of 10 in (0.1, 0.25], 3 of its 4 -> 0.1 + 0.15 × 3/4
+    assert recommend_for_pool(source, median, POOL, AT).signals["ttft_p95_seconds"] == (
+        pytest.approx(0.2125))
+    assert recommend_for_pool(source, config(), POOL, AT).signals["ttft_p95_seconds"] == (
+        pytest.approx(0.75))
 
 
 def test_pool_signals_timelines_and_empty_pool(store: Store) -> None:

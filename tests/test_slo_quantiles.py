@@ -20,7 +20,7 @@ from test_slo_fleet import (
 from collector.store import Store
 from slo.embedded import EmbeddedSource
 from slo.quantiles import model_quantiles, normalised_e2e, quantile_key, sample_quantile
-from slo.sli import RequestRecord
+from vigil.model import RequestRecord
 
 TTFT = "vllm:time_to_first_token_seconds"
 
@@ -143,3 +143,23 @@ def test_e2e_normalised_to_512_tokens_from_gateway_records(store: Store) -> None
     # without a log the key is absent (the histograms cannot normalise)
     assert "e2e_seconds_per_512_tokens" not in model_quantiles(
         EmbeddedSource(store), "chat", AT, 300)[MODEL]["quantiles"]
+
+
+def test_e2e_normalised_to_the_configured_output_length(store: Store) -> None:
+    _two_models(store)
+
+    class Log:
+        def records(self, pool: str, at_s: float, window_s: float) -> list[RequestRecord]:
+            # ttft 0.2 s, then 0.02 s per token: 0.2 + 255 × 0.02 at 256 tokens
+            return [RequestRecord("a", at_s, pool, MODEL, "chat", 10, 100, 0.2, 2.18)]
+
+    source = EmbeddedSource(store)
+    q = model_quantiles(source, "chat", AT, 300, request_log=Log(),
+                        normalised_output_tokens=256)[MODEL]["quantiles"]
+    assert q["normalised_output_tokens"] == 256
+    assert q["e2e_seconds_normalised"]["p50"] == pytest.approx(0.2 + 255 * 0.02)
+    assert "e2e_seconds_per_512_tokens" not in q  # its name would not be true
+    default = model_quantiles(source, "chat", AT, 300, request_log=Log())[MODEL]["quantiles"]
+    assert default["normalised_output_tokens"] == 512
+    assert default["e2e_seconds_per_512_tokens"] == default["e2e_seconds_normalised"]
+    assert default["e2e_seconds_normalised"]["p50"] == pytest.approx(0.2 + 511 * 0.02)

@@ -1,13 +1,16 @@
 """Vigil's configuration: one TOML file, validated with pydantic.
 
-Every number the seed document gives is a default here, never a constant in code. Unknown keys,
-wrong types and broken references fail loudly with the file and the dotted key path
-(``ConfigError``, exit code 2).
+Every threshold, window and interval the rest of Vigil uses is a default here, never a constant
+in code. Unknown keys, wrong types and broken references fail loudly with the file and the
+dotted key path (``ConfigError``, exit code 2). A renamed key (``RENAMED_KEYS``) still loads,
+with a ``DeprecationWarning`` (also logged) that names the file, the old key and the new one.
 """
 
 from __future__ import annotations
 
+import logging
 import tomllib
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -28,6 +31,7 @@ from vigil.errors import ConfigError
 
 __all__ = [
     "DEFAULT_PRICES",
+    "RENAMED_KEYS",
     "AlertRouteConfig",
     "AlertsConfig",
     "ApiKeyConfig",
@@ -39,7 +43,9 @@ __all__ = [
     "DashboardConfig",
     "EngineConfig",
     "GatewayConfig",
+    "KedaConfig",
     "PoolConfig",
+    "RulesConfig",
     "ScalingConfig",
     "SloConfig",
     "SloDefaults",
@@ -203,13 +209,14 @@ class TargetConfig(_Section):
 
 
 class SloDefaults(_Section):
-    """The seed's SLOs: the defaults of every pool's SLO set."""
+    """The default SLOs: the defaults of every pool's SLO set."""
 
     ttft_threshold_seconds: float = Field(default=0.8, gt=0)
     ttft_objective: Ratio = 0.95
     e2e_threshold_seconds: float = Field(default=8.0, gt=0)
     e2e_objective: Ratio = 0.95
-    #: The e2e SLO is stated for a generation of this many output tokens.
+    #: The e2e SLO is stated for a generation of this many output tokens; the status JSON's
+    #: ``e2e_seconds_normalised`` rescales each request the gateway recorded to this length.
     e2e_reference_output_tokens: int = Field(default=512, gt=0)
     error_rate_objective: Ratio = 0.995
     availability_objective: Ratio = 0.995
@@ -217,20 +224,22 @@ class SloDefaults(_Section):
 
 
 class ScalingConfig(_Section):
-    """The seed's scale-out / scale-in policy (ratios 0-1, counts, seconds)."""
+    """The scale-out / scale-in policy (ratios 0-1, counts, seconds)."""
 
     scale_out_kv_usage: Ratio = 0.80
     scale_out_queue_length: float = Field(default=50, ge=0)
-    #: Scale out when TTFT p95 exceeds this fraction of the TTFT SLO threshold.
+    #: Scale out when the pool's TTFT quantile ``scale_out_ttft_quantile`` exceeds this
+    #: fraction of the TTFT SLO threshold.
     scale_out_ttft_ratio: Ratio = 0.80
+    #: The TTFT quantile scale-out compares (0.95: the p95), over ``[engine] window``; also
+    #: the quantile of the KEDA TTFT trigger.
+    scale_out_ttft_quantile: Ratio = Field(default=0.95, gt=0)
     scale_in_kv_usage: Ratio = 0.30
     scale_in_queue_length: float = Field(default=0, ge=0)
     scale_in_hold: Duration = 600.0
     cooldown: Duration = 300.0
-    #: GPU spin-up time: scale out before a threshold is crossed (2-5 min in the seed).
+    #: GPU spin-up time (2-5 min is typical): scale out before a threshold is crossed.
     spinup: Duration = 180.0
-    #: KV-cache usage above which vLLM starts refusing new requests (alert).
-    admission_kv_usage: Ratio = 0.90
 
 
 class AnomalyConfig(_Section):
@@ -351,7 +360,48 @@ class AlertsConfig(_Section):
     target_down_scrapes: int = Field(default=3, ge=1)
     #: Error budget remaining below this ratio raises ``ErrorBudgetLow``.
     budget_low_ratio: Ratio = 0.10
+    #: A replica's KV-cache usage above this ratio raises ``KvCacheUsageHigh``. vLLM refuses
+    #: nothing there: once the cache is full its scheduler stops admitting waiting requests
+    #: (they queue, TTFT grows) and preempts running ones (their KV is recomputed later).
+    kv_usage_high: Ratio = 0.90
+    #: How long a replica's KV-cache usage must stay above ``kv_usage_high`` before
+    #: ``KvCacheUsageHigh`` fires (0 = at once): one full scrape during a burst is normal.
+    #: The generated Prometheus rule's ``for`` and ``vigil serve``'s hold alike.
+    kv_usage_high_for: Duration = 60.0
     routes: list[AlertRouteConfig] = []
+
+
+class KedaConfig(_Section):
+    """The KEDA ScaledObjects of ``vigil rules keda``."""
+
+    #: The HPA's scale-down stabilisation window is at least this long (and at least
+    #: ``[scaling] scale_in_hold`` and ``cooldown``); Kubernetes caps it at 1 h (seconds).
+    min_scale_down_stabilization: Duration = 600.0
+
+    @model_validator(mode="after")
+    def _check(self) -> KedaConfig:
+        if not 0 <= self.min_scale_down_stabilization <= 3600:
+            raise ValueError("min_scale_down_stabilization must be between 0 and 3600 seconds "
+                             "(Kubernetes' limit)")
+        return self
+
+
+class RulesConfig(_Section):
+    """The files ``vigil rules`` generates: Prometheus rule groups and KEDA objects."""
+
+    #: Evaluation interval of every generated rule group but the period ones (seconds).
+    interval: Duration = 30.0
+    #: Evaluation interval of the ``vigil-slo-period-*`` groups, whose 30-day ``increase``
+    #: reads a month of samples per evaluation (seconds).
+    period_interval: Duration = 300.0
+    keda: KedaConfig = KedaConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> RulesConfig:
+        for name in ("interval", "period_interval"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be more than 0 seconds")
+        return self
 
 
 Tier = Literal["premium", "standard", "batch"]
@@ -409,7 +459,7 @@ class CacheConfig(_Section):
     pools: list[str] = []
     #: Tenants never cached (personalised traffic); every other tenant is.
     exclude_tenants: list[str] = []
-    #: Cosine similarity a semantic hit needs (the seed's 0.95).
+    #: Cosine similarity a semantic hit needs.
     similarity_threshold: float = Field(default=0.95, gt=0, le=1)
     ttl: Duration = 3600.0
     #: LRU bound on stored responses.
@@ -421,6 +471,9 @@ class CacheConfig(_Section):
     embeddings: str = "local"
     #: The embedding model asked of a remote /v1/embeddings.
     embedding_model: str = "all-MiniLM-L6-v2"
+    #: Runtime of the local model: "onnx" (ONNX Runtime, ~2.5x faster; exported to ONNX on
+    #: first use), "torch" (sentence-transformers), or "auto": ONNX Runtime, else torch.
+    embedding_backend: Literal["auto", "onnx", "torch"] = "auto"
 
     @field_validator("embeddings")
     @classmethod
@@ -441,7 +494,8 @@ class GatewayConfig(_Section):
     over_cap: Literal["reject", "clamp"] = "reject"
     #: Larger request bodies get 413 (bytes; 4 MiB).
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
-    #: Replicas above this KV-cache usage get no new requests (vLLM's admission line).
+    #: Replicas above this KV-cache usage get no new requests (a full cache makes vLLM queue
+    #: them and preempt running ones).
     max_kv_usage: Ratio = 0.90
     #: How often each replica's /health and /metrics are polled (seconds).
     health_interval: Duration = 2.0
@@ -493,13 +547,22 @@ class Config(_Section):
     scaling: ScalingConfig = ScalingConfig()
     anomaly: AnomalyConfig = AnomalyConfig()
     engine: EngineConfig = Field(default_factory=EngineConfig)
-    #: With none, every pool gets the seed's four SLOs (see ``effective_slos``).
+    #: With none, every pool gets the four default SLOs (see ``effective_slos``).
     slos: list[SloConfig] = []
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     dashboard: DashboardConfig = Field(default_factory=DashboardConfig)
+    rules: RulesConfig = Field(default_factory=RulesConfig)
     #: Where the file was read from ("" when built in code); relative store paths resolve here.
     source: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        # Here rather than in parse_config, so that a Config built in code migrates too.
+        if isinstance(data, dict):
+            return _migrate_renamed(data, str(data.get("source") or ""))
+        return data
 
     @field_validator("prices", mode="before")
     @classmethod
@@ -551,6 +614,62 @@ class Config(_Section):
         if not p.is_absolute() and self.source:
             p = Path(self.source).resolve().parent / p
         return p
+
+
+#: Keys that moved: (old section, old key) -> (new section, new key). The old name still loads,
+#: with a warning.
+RENAMED_KEYS: dict[tuple[str, str], tuple[str, str]] = {
+    # vLLM does not refuse requests at high KV usage (it queues and preempts): the number is an
+    # alert threshold, not an admission limit of the scaling policy.
+    ("scaling", "admission_kv_usage"): ("alerts", "kv_usage_high"),
+}
+
+_log = logging.getLogger("vigil.config")
+
+
+def _as_table(value: Any) -> Any:
+    """A section as a dict (a section model built in code gives only the keys it was given)."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(exclude_unset=True)
+    return value
+
+
+def _migrate_renamed(data: dict[str, Any], file: str) -> dict[str, Any]:
+    """``data`` with every ``RENAMED_KEYS`` old key moved to its new place; a warning per key.
+
+    Raises ``ConfigError`` when a file sets both the old and the new name.
+    """
+    out = dict(data)
+    for (old_section, old_key), (new_section, new_key) in RENAMED_KEYS.items():
+        old_table = out.get(old_section)
+        if not isinstance(old_table, dict) or old_key not in old_table:
+            continue
+        new_table = _as_table(out.get(new_section)) if new_section in out else {}
+        if not isinstance(new_table, dict):
+            continue  # a wrong type: validation names it
+        if new_key in new_table:
+            raise ConfigError(f"set only [{new_section}] {new_key}: [{old_section}] {old_key} "
+                              "is its old name", file=file or None,
+                              key=f"{old_section}.{old_key}")
+        old_table = dict(old_table)
+        new_table = {**new_table, new_key: old_table.pop(old_key)}
+        out[old_section], out[new_section] = old_table, new_table
+        message = (f"{file or 'the configuration'}: [{old_section}] {old_key} is deprecated; "
+                   f"use [{new_section}] {new_key} (same meaning and value)")
+        _log.warning("%s", message)
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+    return out
+
+
+def _moved_key(key: str, data: dict[str, Any]) -> str:
+    """An error's dotted ``key`` as the file spelt it: the old name of a renamed key."""
+    for (old_section, old_key), (new_section, new_key) in RENAMED_KEYS.items():
+        new = f"{new_section}.{new_key}"
+        old_table = data.get(old_section)
+        if (key == new or key.startswith(new + ".")) and isinstance(old_table, dict) \
+                and old_key in old_table:
+            return f"{old_section}.{old_key}" + key[len(new):]
+    return key
 
 
 def _check_references(cfg: Config) -> list[tuple[str, str]]:
@@ -643,7 +762,7 @@ def parse_config(data: dict[str, Any], *, file: str = "<config>") -> Config:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            key = _loc(err["loc"])
+            key = _moved_key(_loc(err["loc"]), data)
             if err["type"] == "extra_forbidden":
                 msg = "unknown key (check the spelling; see vigil.example.toml)"
             else:

@@ -20,6 +20,8 @@ from typing import Any
 from serving.loadgen.client import Progress, generate
 from serving.loadgen.report import RequestResult, Slo, format_report, summarize
 from serving.loadgen.workload import SCENARIOS, TIERS, Workload
+from vigil.cli_options import add_config_option, add_json_option, duration_arg
+from vigil.config import SloDefaults
 
 __all__ = ["RequestResult", "Slo", "Workload", "add_arguments", "generate", "run",
            "workload_from_args"]
@@ -42,15 +44,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--peak-rate", "--ramp-to", dest="peak_rate", type=float,
                    help="ramp: rate reached after --ramp; diurnal: the peak; burst: the rate "
                         "during a burst")
-    g.add_argument("--ramp", type=float, help="ramp: seconds to reach --peak-rate")
-    g.add_argument("--period", type=float, help="diurnal: seconds per day; burst: seconds "
-                                                 "between bursts")
-    g.add_argument("--burst-length", type=float, help="burst: seconds each burst lasts")
+    g.add_argument("--ramp", type=duration_arg, metavar="DURATION",
+                   help="ramp: time to reach --peak-rate (seconds, or 90s, 5m)")
+    g.add_argument("--period", type=duration_arg, metavar="DURATION",
+                   help="diurnal: length of a day; burst: time between bursts")
+    g.add_argument("--burst-length", type=duration_arg, metavar="DURATION",
+                   help="burst: how long each burst lasts")
     g.add_argument("--burstiness", type=float,
                    help="gamma shape of inter-arrival times: 1 = Poisson, <1 burstier")
     g.add_argument("--concurrency", type=int,
                    help="a fixed number of concurrent clients instead of a rate")
-    g.add_argument("--duration", type=float, help="seconds; 0 = until Ctrl-C (default)")
+    g.add_argument("--duration", type=duration_arg, metavar="DURATION",
+                   help="how long to send (seconds, or 90s, 5m); 0 = until Ctrl-C (default)")
     g.add_argument("--num-requests", dest="max_requests", type=int,
                    help="stop after sending this many (and let them finish)")
     m = p.add_argument_group("mix")
@@ -69,13 +74,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tier shares, e.g. premium=0.2,standard=0.6,batch=0.2")
     m.add_argument("--seed", type=int, help="random seed (0)")
     r = p.add_argument_group("report")
-    r.add_argument("--config", metavar="FILE",
-                   help="Vigil config: goodput uses its TTFT and e2e SLO thresholds")
+    add_config_option(r, required=False,
+                      help="Vigil config: goodput uses its TTFT and e2e SLO thresholds")
+    defaults = SloDefaults()
     r.add_argument("--goodput-ttft", type=float, metavar="SECONDS",
-                   help="goodput TTFT threshold (default 0.8 or the config's)")
+                   help="goodput TTFT threshold (default: the config's [slo_defaults] "
+                        f"ttft_threshold_seconds, {defaults.ttft_threshold_seconds:g})")
     r.add_argument("--goodput-e2e", type=float, metavar="SECONDS",
-                   help="goodput e2e threshold (default 8 or the config's)")
-    r.add_argument("--json", action="store_true", help="print the report as JSON")
+                   help="goodput e2e threshold (default: the config's [slo_defaults] "
+                        f"e2e_threshold_seconds, {defaults.e2e_threshold_seconds:g})")
+    add_json_option(r, help="print the report as JSON")
     r.add_argument("--quiet", action="store_true", help="no progress output")
 
 
@@ -126,13 +134,15 @@ def _keys(pairs: list[str]) -> dict[str, str]:
 
 
 def _slo(args: argparse.Namespace) -> Slo:
-    ttft, e2e = 0.8, 8.0
+    """The goodput thresholds (seconds): the options, else ``--config``'s ``[slo_defaults]``,
+    else the defaults of ``SloDefaults``."""
     if args.config:
         from vigil.config import load_config
 
-        cfg = load_config(args.config)
-        ttft = cfg.slo_defaults.ttft_threshold_seconds
-        e2e = cfg.slo_defaults.e2e_threshold_seconds
+        defaults = load_config(args.config).slo_defaults
+    else:
+        defaults = SloDefaults()
+    ttft, e2e = defaults.ttft_threshold_seconds, defaults.e2e_threshold_seconds
     return Slo(ttft=args.goodput_ttft if args.goodput_ttft is not None else ttft,
                e2e=args.goodput_e2e if args.goodput_e2e is not None else e2e)
 

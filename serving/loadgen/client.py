@@ -174,14 +174,21 @@ async def generate(
     def budget_left() -> bool:
         return not (wl.max_requests and counter >= wl.max_requests) and time_left()
 
-    async def one(client: httpx.AsyncClient) -> None:
+    def claim() -> int:
+        """Count a request as sent (and in flight) when it is scheduled, not when its task
+        first runs: a generator that falls behind creates several tasks without yielding,
+        and counting later would overshoot the request budget and the in-flight limit."""
         nonlocal counter, in_flight
+        counter += 1
+        in_flight += 1
+        return counter - 1
+
+    async def one(client: httpx.AsyncClient, index: int) -> None:
+        nonlocal in_flight
         req = plan_request(rng, wl, model)
         result = RequestResult(tier=req.tier, kind=req.kind, stream=req.stream)
         results.append(result)
-        base = bases[counter % len(bases)]
-        counter += 1
-        in_flight += 1
+        base = bases[index % len(bases)]
         try:
             await send_one(client, base, req, keys, result, clock)
         finally:
@@ -189,7 +196,7 @@ async def generate(
 
     async def closed_loop_client(client: httpx.AsyncClient) -> None:
         while not stop.is_set() and budget_left():
-            await one(client)
+            await one(client, claim())
 
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
         if wl.concurrency:
@@ -220,7 +227,7 @@ async def generate(
                     progress.update(clock() - start, results, in_flight)
                 if in_flight >= wl.max_in_flight:
                     continue  # the client's own limit: this arrival is dropped, not queued
-                t = asyncio.create_task(one(client))
+                t = asyncio.create_task(one(client, claim()))
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
             # A request budget (not a duration) lets what was sent finish.

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from vigil.config import SloDefaults
+
 __all__ = ["RequestResult", "Slo", "percentiles", "summarize"]
 
 _PCTS = (50.0, 95.0, 99.0)
@@ -55,12 +57,16 @@ class RequestResult:
         return (self.e2e - self.ttft) / (self.output_tokens - 1)
 
 
+_SLO_DEFAULTS = SloDefaults()
+
+
 @dataclass(frozen=True)
 class Slo:
-    """Goodput thresholds (seconds); None = not judged."""
+    """Goodput thresholds (seconds); None = not judged. The defaults are those of
+    ``[slo_defaults]`` (``ttft_threshold_seconds``, ``e2e_threshold_seconds``)."""
 
-    ttft: float | None = 0.8
-    e2e: float | None = 8.0
+    ttft: float | None = _SLO_DEFAULTS.ttft_threshold_seconds
+    e2e: float | None = _SLO_DEFAULTS.e2e_threshold_seconds
 
     def met(self, r: RequestResult) -> bool:
         if not r.ok:
