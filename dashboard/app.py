@@ -59,7 +59,8 @@ def main() -> None:
         st.stop()
     # "Now" as the pages show it, so that "Pin this moment" pins what is on screen.
     view = render_controls(config, now_s=data.live_now(config), pinned_at=pinned,
-                           pinned_by_url=by_url)
+                           pinned_by_url=by_url,
+                           first_sample=lambda end, span: data.first_sample(key, end, span))
     st.session_state[data.CONTEXT_KEY] = data.Context(config=config, key=key, view=view,
                                                       pinned_at=pinned)
     pages = [

@@ -4,14 +4,21 @@ Every control lives in the URL's query parameters (Streamlit's ``bind="query-par
 copied link opens the same view; ``at`` (Unix seconds or ISO 8601 UTC) pins "now" to a past
 instant, which makes a link to an incident stay true tomorrow. ``View`` is the result, a plain
 value the pages read; the helpers above ``render_controls`` are pure and tested on their own.
+
+A young store (minutes of data) would fill the default range with emptiness: the default range
+is then fitted to the data (``fit_range``: the shortest preset that holds it) and the view
+starts at the first sample (``View.data_start_s``), until the store is older than the
+configured default. A range the user picked is kept as it is.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from dashboard.format import span as format_span
 from vigil.config import Config
 from vigil.conventions import (
     DASHBOARD_RANGE_CUSTOM,
@@ -32,8 +39,10 @@ from vigil.durations import format_duration, parse_duration
 
 __all__ = [
     "DEFAULT_RANGE",
+    "MIN_SPAN_SCRAPES",
     "REFRESH_OFF",
     "View",
+    "fit_range",
     "model_options",
     "parse_at",
     "refresh_options",
@@ -43,6 +52,10 @@ __all__ = [
 
 #: The range a fresh dashboard shows: enough to see a trend, short enough to load fast.
 DEFAULT_RANGE = "6h"
+#: A fitted view spans at least this many scrape intervals (a line, not a dot).
+MIN_SPAN_SCRAPES = 8
+#: Session-state key of the default range the range control was last drawn with.
+_FITTED_DEFAULT = "vigil.range-default"
 REFRESH_OFF = "off"
 #: Refresh intervals offered besides the configured default.
 _REFRESH_CHOICES = ("10s", "30s", "1m", "5m")
@@ -57,6 +70,9 @@ class View:
     ``range_s`` seconds ending at ``end_s`` (Unix seconds) when pinned, else at "now";
     ``pools`` / ``models`` (empty = all), ``endpoint`` (``"all"`` = every endpoint),
     ``refresh_s`` (0 = no auto-refresh; never while pinned: the past does not change).
+    ``data_start_s``: the store's first sample (Unix seconds) when the range was fitted to a
+    young store; the window then starts there rather than at ``end - range_s`` (nothing is
+    stored before it), but spans at least ``min_span_s`` seconds.
     """
 
     range_key: str
@@ -66,16 +82,27 @@ class View:
     models: tuple[str, ...] = ()
     endpoint: str = ENDPOINT_ALL
     refresh_s: float = 0.0
+    data_start_s: float | None = None
+    min_span_s: float = 0.0
 
     @property
     def live(self) -> bool:
         """True when the view follows "now"."""
         return self.end_s is None
 
+    @property
+    def fitted(self) -> bool:
+        """True when the range was fitted to the data of a young store."""
+        return self.data_start_s is not None
+
     def window(self, now_s: float) -> tuple[float, float]:
-        """``(start, end)`` Unix seconds of the range, given the current time."""
+        """``(start, end)`` Unix seconds of the range, given the current time: from the first
+        sample when the range was fitted and the store is younger than it."""
         end = now_s if self.end_s is None else self.end_s
-        return end - self.range_s, end
+        start = end - self.range_s
+        if self.data_start_s is not None:
+            start = max(start, min(self.data_start_s, end - self.min_span_s))
+        return start, end
 
 
 def parse_at(text: str) -> float:
@@ -95,6 +122,21 @@ def parse_at(text: str) -> float:
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"at={text!r} is not a time after 1970")
     return seconds
+
+
+def fit_range(age_s: float | None, *, scrape_interval_s: float,
+              default: str = DEFAULT_RANGE) -> str:
+    """The default range for a store whose data reaches ``age_s`` seconds back from the
+    view's end (``None``: further back than ``default``, or no data): the shortest preset of
+    ``DASHBOARD_RANGES`` not shorter than that age nor than ``MIN_SPAN_SCRAPES`` scrape
+    intervals, and never longer than ``default``."""
+    limit = DASHBOARD_RANGES[default]
+    if age_s is None or not math.isfinite(age_s) or age_s >= limit:
+        return default
+    need = max(age_s, MIN_SPAN_SCRAPES * scrape_interval_s)
+    fits = [k for k, v in sorted(DASHBOARD_RANGES.items(), key=lambda kv: kv[1])
+            if need <= v <= limit]
+    return fits[0] if fits else default
 
 
 def refresh_options(default_s: float) -> list[str]:
@@ -126,18 +168,36 @@ def _seconds(dt: datetime) -> float:
 
 
 def render_controls(config: Config, *, now_s: float, pinned_at: float | None,
-                    pinned_by_url: bool) -> View:
+                    pinned_by_url: bool,
+                    first_sample: Callable[[float, float], float | None] | None = None
+                    ) -> View:
     """Draw the controls in the sidebar and return the ``View``. ``now_s`` is the clock's
-    time, ``pinned_at`` a pinned "now" (``at`` or ``VIGIL_DASHBOARD_AT``)."""
+    time, ``pinned_at`` a pinned "now" (``at`` or ``VIGIL_DASHBOARD_AT``);
+    ``first_sample(end_s, range_s)`` the time of the store's first sample when it is younger
+    than ``range_s`` at ``end_s``, else ``None`` (then the default range is not fitted)."""
     import streamlit as st
 
     sb = st.sidebar
     ranges = [*DASHBOARD_RANGES, DASHBOARD_RANGE_CUSTOM]
+    scrape_s = config.collector.scrape_interval
+    view_end = pinned_at if pinned_at is not None else now_s
+    first = first_sample(view_end, DASHBOARD_RANGES[DEFAULT_RANGE]) if first_sample else None
+    default = fit_range(None if first is None else view_end - first, scrape_interval_s=scrape_s)
+    # While the control holds the default it drew last time, it follows the data as the
+    # store grows (15m, then 1h, then 6h); a range the user picked stays.
+    previous = st.session_state.get(_FITTED_DEFAULT)
+    if previous not in (None, default) and st.session_state.get(QP_RANGE) == previous:
+        st.session_state[QP_RANGE] = default
+    st.session_state[_FITTED_DEFAULT] = default
     # No format_func on bound widgets: the URL holds what the option displays, and "1h" makes
     # a cleaner link than "last 1h".
     range_key = sb.selectbox(
-        "Time range (the last …)", ranges, index=ranges.index(DEFAULT_RANGE), key=QP_RANGE,
-        bind="query-params", help="How far back the charts go; the tiles show its end.")
+        "Time range (the last …)", ranges, index=ranges.index(default), key=QP_RANGE,
+        bind="query-params", help="How far back the charts go; the tiles show its end. "
+        f"On a store younger than {DEFAULT_RANGE} the default fits its data.")
+    fitted = first is not None and range_key == default
+    if fitted:
+        sb.caption(f"Fitted to the data: the store holds {format_span(view_end - first)}.")
     end_s = pinned_at
     if range_key == DASHBOARD_RANGE_CUSTOM:
         # Defaults on the hour, so they stay the same from one rerun to the next.
@@ -182,5 +242,7 @@ def render_controls(config: Config, *, now_s: float, pinned_at: float | None,
             del st.query_params[QP_AT]
             st.rerun()
     return View(range_key=range_key, range_s=range_s, end_s=end_s, pools=tuple(pools),
-                models=tuple(models), endpoint=endpoint or ENDPOINT_ALL, refresh_s=refresh_s)
+                models=tuple(models), endpoint=endpoint or ENDPOINT_ALL, refresh_s=refresh_s,
+                data_start_s=first if fitted else None,
+                min_span_s=MIN_SPAN_SCRAPES * scrape_s)
 

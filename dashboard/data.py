@@ -52,6 +52,7 @@ __all__ = [
     "empty_states",
     "env",
     "firing_alerts",
+    "first_sample",
     "live_now",
     "load",
     "now",
@@ -249,6 +250,7 @@ _POINTS: dict[str, Callable[..., Any]] = {
     "error_classes": lambda e, t, pool, w, model: (
         None if e.log is None else gateway_data.error_class_point(e.log, pool, t, w, model)),
     "targets": lambda e, t: status_view.target_states(e.config, e.source, t),
+    "first_sample": lambda e, t, range_s: timeseries.first_sample(e.source, t, range_s),
 }
 
 
@@ -287,6 +289,20 @@ def series(ctx: Context, kind: str, times: Sequence[float], *args: Any,
     out = _series_settled(ctx.key, kind, tuple(args), settled) if settled else []
     return [*out, *((t, point(ctx, kind, t, *args, clock=clock))
                     for t in times[len(settled):])]
+
+
+def first_sample(key: tuple[str, int], end_s: float, range_s: float,
+                 clock: Clock = system_clock) -> float | None:
+    """``timeseries.first_sample`` of the config ``key``'s source (Unix seconds; ``None``:
+    data older than ``range_s``, none at all, or no store yet, which the pages then tell),
+    cached like a chart point. The controls call it before a ``Context`` exists."""
+    config = _config(*key)
+    settled = end_s <= clock() - SETTLED_SCRAPES * config.collector.scrape_interval
+    fn = _point_settled if settled else _point_recent
+    try:
+        return fn(key, "first_sample", (range_s,), end_s)
+    except VigilError:
+        return None
 
 
 def firing_alerts(ctx: Context, at_s: float, clock: Clock = system_clock

@@ -17,6 +17,7 @@ __all__ = [
     "percent",
     "ratio",
     "seconds",
+    "span",
     "timestamp",
     "tokens",
     "usd",
@@ -83,6 +84,25 @@ def duration(value: float | None) -> str:
     """Seconds as a Prometheus duration (``170`` -> ``"2m50s"``)."""
     v = _finite(value)
     return NULL if v is None else format_duration(max(0.0, v))
+
+
+def span(value: float | None) -> str:
+    """A stretch of time in words, to the minute: ``360`` -> ``"6 min"``, ``4500`` ->
+    ``"1 h 15 min"``, ``90000`` -> ``"1 d 1 h"`` (under a minute: ``"40 s"``)."""
+    v = _finite(value)
+    if v is None:
+        return NULL
+    v = max(0.0, v)
+    if v < 60:
+        return f"{v:.0f} s"
+    minutes = round(v / 60)
+    days, rest = divmod(minutes, 1440)
+    hours, mins = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h" if hours else f"{days} d"
+    if hours:
+        return f"{hours} h {mins} min" if mins else f"{hours} h"
+    return f"{mins} min"
 
 
 def timestamp(value: float | None) -> str:

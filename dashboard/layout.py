@@ -20,7 +20,7 @@ __all__ = ["chart", "header", "live_fragment", "pools"]
 
 def header(ctx: Context, title: str | None, at_s: float, extra: str = "") -> None:
     """The page title (unless ``None``: drawn already) and one line saying which instant and
-    range the page shows."""
+    range the page shows, and when the range was fitted to a young store's data, that."""
     if title is not None:
         st.title(title)
     v = ctx.view
@@ -28,6 +28,8 @@ def header(ctx: Context, title: str | None, at_s: float, extra: str = "") -> Non
             else "live" if v.live else "pinned")
     parts = [f"**{fmt.timestamp(at_s)}** ({mode})",
              f"range {fmt.duration(v.range_s)}"]
+    if v.data_start_s is not None and at_s - v.data_start_s < v.range_s:
+        parts.append(f"showing the {fmt.span(at_s - v.data_start_s)} of data the store has")
     if v.pools:
         parts.append("pools " + ", ".join(v.pools))
     if v.models:

@@ -10,8 +10,11 @@ point). Nothing here re-derives a formula: where a value also appears in the sta
 check it).
 
 ``chart_step`` bounds the work: at most ``MAX_POINTS`` points per chart, on a step that is a
-round duration and never finer than the scrape interval. A point's window is at least its
-step (like Grafana's ``$__rate_interval``), so consecutive points cover the range without gaps.
+round duration and never finer than the scrape interval; consecutive round steps differ by at
+most 2×, so a range of ``MIN_POINTS`` scrape intervals or more gets at least ``MIN_POINTS``.
+A point's window is at least its step (like Grafana's ``$__rate_interval``), so consecutive
+points cover the range without gaps. ``first_sample`` tells how young the store is, for the
+controls to fit the default range to its data.
 
 Units: times Unix seconds, windows seconds, latencies seconds, ratios 0-1, costs USD.
 """
@@ -25,6 +28,7 @@ from typing import Any
 from alerts.conditions import kv_usage_by_replica
 from slo.burn_rate import burn_rate
 from slo.cost import pool_cost
+from slo.embedded import EmbeddedSource
 from slo.quantile import Bucket, histogram_quantile
 from slo.quantiles import QUANTILES, finite_or_none, quantile_key
 from slo.signals import kv_usage_at, queue_length_at
@@ -42,6 +46,7 @@ from vigil.conventions import (
     LABEL_KIND,
     LABEL_MODEL_NAME,
     LABEL_POOL,
+    SERIES_UP,
     SUFFIX_COUNT,
     SUFFIX_SUM,
     VLLM_ITERATION_TOKENS,
@@ -52,6 +57,7 @@ from vigil.model import Labels
 
 __all__ = [
     "MAX_POINTS",
+    "MIN_POINTS",
     "STEPS",
     "burn_point",
     "chart_step",
@@ -60,6 +66,7 @@ __all__ = [
     "counter_rate_point",
     "counter_ratio_point",
     "finished_point",
+    "first_sample",
     "histogram_distribution",
     "kv_point",
     "mean_point",
@@ -70,9 +77,12 @@ __all__ = [
 
 #: The most points one chart line evaluates (each is one or a few engine queries).
 MAX_POINTS = 120
-#: Round steps (seconds) a chart may use, finest first.
-STEPS = (15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 7200.0, 10800.0,
-         21600.0, 43200.0, 86400.0)
+#: The fewest points a full-size chart gets when the range holds that many scrape intervals.
+MIN_POINTS = 60
+#: Round steps (seconds) a chart may use, finest first; each at most twice the one before,
+#: so that the finest step within ``MAX_POINTS`` still gives ``MAX_POINTS / 2`` points.
+STEPS = (15.0, 30.0, 60.0, 120.0, 180.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 7200.0,
+         10800.0, 21600.0, 43200.0, 86400.0)
 
 
 def chart_step(range_s: float, *, min_step_s: float = 15.0, max_points: int = MAX_POINTS
@@ -105,6 +115,25 @@ def chart_times(end_s: float, range_s: float, step_s: float) -> list[float]:
         times.append(t)
         t = round(t + step_s, 6)
     return [*times, end_s]
+
+
+def first_sample(source: Source, end_s: float, range_s: float) -> float | None:
+    """The time (Unix seconds) of the fleet's first sample when the store is younger than
+    ``range_s`` at ``end_s``: the oldest ``up`` sample (every scrape writes one) in
+    ``(end_s - range_s, end_s]``. ``None`` when data reaches further back, or there is none.
+
+    Two cheap reads: is there a sample before the range (embedded store: the latest ``up``
+    at or before its start, one index seek per target, however old; Prometheus: within the
+    lookback), and only if not, the range's ``up`` samples, which a young store has few of."""
+    start = end_s - range_s
+    if isinstance(source, EmbeddedSource):
+        if source.store.last_points(SERIES_UP, None, math.floor(start * 1000)):
+            return None
+    elif source.instant(SERIES_UP, {}, start):
+        return None
+    firsts = [pts[0].ts_ms for pts in source.samples(SERIES_UP, {}, end_s, range_s).values()
+              if pts]
+    return min(firsts) / 1000.0 if firsts else None
 
 
 # --- quality: latency quantiles, tokens, finished requests, burn rates -------------------------

@@ -4,6 +4,7 @@ slo status --json` for the same time, the filters change what is shown, and miss
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import subprocess
@@ -30,8 +31,9 @@ PAGES = ("quality", "server", "business", "anomalies")
 def slo_status(config: Path, at: float = AT) -> dict[str, Any]:
     """`vigil slo status --json` for ``config`` at ``at``, from the real command."""
     proc = subprocess.run(
-        [sys.executable, "-m", "vigil.cli", "slo", "status", "--config", str(config), "--json",
-         "--at", repr(at)], cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+        [sys.executable, "-m", "vigil_shell.cli", "slo", "status", "--config", str(config),
+         "--json", "--at", repr(at)],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -129,7 +131,7 @@ def test_overview_shows_the_status_of_vigil_slo_status(seeded: Path, status: dic
             scaling["signals"]["ttft_p95_seconds"])
         assert any(fmt.usd(pool["cost"]["per_million_output_tokens"]) in c.value
                    for c in block.caption)
-    assert status["pools"]["chat"]["scaling"]["action"] == "scale_out"  # the seed's story
+    assert status["pools"]["chat"]["scaling"]["action"] == "scale_out"  # as seeded
 
 
 def test_overview_lists_the_alerts_of_the_shown_status(seeded: Path, status: dict[str, Any],
@@ -247,7 +249,7 @@ def test_server_page(seeded: Path, status: dict[str, Any],
                      monkeypatch: pytest.MonkeyPatch) -> None:
     at = run_page(seeded, monkeypatch, "server")
     assert at.title[0].value == "Server"
-    kv = chart_with_label(at, "admission limit 90%")
+    kv = chart_with_label(at, "KV alert > 90%")
     assert {"chat-0", "chat-1", "pool mean"} <= set(kv["series"])
     last = kv[(kv["time"] == kv["time"].max()) & (kv["series"] == "pool mean")]["value"]
     assert list(last) == [pytest.approx(status["pools"]["chat"]["kv_cache_usage"]["avg"])]
@@ -280,7 +282,7 @@ def test_business_page_with_gateway_records(with_gateway: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     at = run_page(with_gateway, monkeypatch, "business", range="1h")
     saved = next(m for m in at.metric if m.label == "Saved by the semantic cache")
-    assert saved.value == fmt.usd(28 * 0.0012)  # the seed's l2 hits: every 11th of 300
+    assert saved.value == fmt.usd(28 * 0.0012)  # seeded l2 hits: every 11th of 300
     tiers = next(f for _, fs in charts(at) for f in fs if "tier" in f)
     per_1000 = tiers.set_index("tier")["per 1000 requests"].to_dict()
     assert set(per_1000) == {"premium", "standard", "batch"}
@@ -516,3 +518,68 @@ def test_unreachable_prometheus_is_an_error_message(seeded: Path,
         at = run_page(config, monkeypatch, page)
         assert "Prometheus at http://127.0.0.1:" in at.error[0].value, page
         assert not at.get("vega_lite_chart")
+
+
+# --- a young store ------------------------------------------------------------------------------
+#: How much data the young store holds (minutes after `vigil serve` first started).
+YOUNG_S = 360.0
+
+
+@pytest.fixture(scope="module")
+def young(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import test_dashboard_seed
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(test_dashboard_seed, "SPAN_S", YOUNG_S)
+        return seed_dashboard(tmp_path_factory.mktemp("young"))
+
+
+def test_young_store_fits_the_default_range_to_its_data(young: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    at = run_page(young, monkeypatch)
+    assert at.selectbox(key="range").value == "15m"
+    assert "showing the 6 min of data the store has" in at.caption[0].value
+    assert any("the store holds 6 min" in c.value for c in at.sidebar.caption)
+    at.switch_page("views/quality.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    ttft = chart_with_label(at, "SLO chat-ttft ≤ 800 ms")
+    # On the scrape interval (30 s) from the first sample: a line, not two dots.
+    times = sorted(ttft["time"].unique())
+    assert times[0] >= pd.Timestamp(AT - YOUNG_S, unit="s", tz="UTC")
+    assert times[-1] == pd.Timestamp(AT, unit="s", tz="UTC")
+    assert len(times) >= 9
+    # The grid's multiples of 30 s, then the end itself.
+    assert {b - a for a, b in itertools.pairwise(times[:-1])} == {pd.Timedelta(seconds=30)}
+
+
+def test_young_store_keeps_a_range_the_user_picked(young: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    at = run_page(young, monkeypatch, range="6h")
+    assert at.selectbox(key="range").value == "6h"
+    assert "range 6h" in at.caption[0].value and "showing the" not in at.caption[0].value
+    at = run_page(young, monkeypatch, range="1h")
+    assert "showing the" not in at.caption[0].value
+
+
+def test_fitted_range_follows_the_store_as_it_grows(young: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    at = run_page(young, monkeypatch)
+    assert at.selectbox(key="range").value == "15m"
+    # Half an hour later (pinned there), the data reaches 36 min back: the default is 1 h.
+    at.query_params["at"] = repr(AT + 1800)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.selectbox(key="range").value == "1h"
+    assert "showing the 36 min of data the store has" in at.caption[0].value
+    # Once the user picks a range, it stays.
+    at.selectbox(key="range").select("15m").run()
+    at.query_params["at"] = repr(AT + 4 * 3600)
+    at.run()
+    assert at.selectbox(key="range").value == "15m"
+
+
+def test_old_store_keeps_the_default_range(seeded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = run_page(seeded, monkeypatch)
+    assert at.selectbox(key="range").value == "6h"
+    assert "showing the" not in at.caption[0].value
+    assert not any("Fitted" in c.value for c in at.sidebar.caption)

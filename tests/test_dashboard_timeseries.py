@@ -219,3 +219,72 @@ def test_seed_step_is_the_configured_scrape_interval(
         seeded: tuple[Config, EmbeddedSource]) -> None:
     config, _ = seeded
     assert config.collector.scrape_interval == STEP_S
+
+
+# --- a young store: the range fitted to its data --------------------------------------------------
+@pytest.mark.parametrize("range_s", [900.0, 3600.0, 6 * 3600.0, 86400.0, 7 * 86400.0,
+                                     30 * 86400.0, 2400.0, 14_400.0, 5 * 3600.0])
+def test_chart_step_gives_a_line_enough_points(range_s: float) -> None:
+    step = ts.chart_step(range_s, min_step_s=15.0)
+    assert ts.MIN_POINTS <= len(ts.chart_times(AT, range_s, step)) <= ts.MAX_POINTS
+
+
+def test_round_steps_at_most_double() -> None:
+    assert all(b <= 2 * a for a, b in zip(ts.STEPS, ts.STEPS[1:], strict=False))
+
+
+def test_chart_step_of_minutes_of_data_is_the_scrape_interval() -> None:
+    assert ts.chart_step(360.0, min_step_s=30.0) == 30.0
+    assert len(ts.chart_times(AT, 360.0, 30.0)) == 13
+
+
+def _young_store(path: Path, first_s: float, last_s: float, step_s: float = 15.0) -> None:
+    """``up`` of two targets from ``first_s`` to ``last_s`` (Unix seconds)."""
+    with Store(path) as store:
+        n = int((last_s - first_s) // step_s) + 1
+        store.write([(SeriesKey("up", labels_of({"instance": i, "pool": "chat"})), "gauge",
+                      round((first_s + k * step_s) * 1000), 1.0)
+                     for i in ("a", "b") for k in range(n)])
+
+
+class _Generic:
+    """The ``Source`` protocol without the embedded store behind it (as Prometheus answers)."""
+
+    def __init__(self, inner: EmbeddedSource):
+        self.inner = inner
+        self.semantics = inner.semantics
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["embedded", "generic"])
+def test_first_sample_of_a_young_store(tmp_path: Path, generic: bool) -> None:
+    _young_store(tmp_path / "vigil.db", AT - 360.0, AT)
+    with Store(tmp_path / "vigil.db", readonly=True) as store:
+        source: Any = EmbeddedSource(store)
+        source = _Generic(source) if generic else source
+        assert ts.first_sample(source, AT, 6 * 3600.0) == AT - 360.0
+        # Pinned before the data: nothing to fit.
+        assert ts.first_sample(source, AT - 3600.0, 6 * 3600.0) is None
+        # Data older than the range asked about.
+        assert ts.first_sample(source, AT, 300.0) is None
+
+
+def test_first_sample_beyond_the_lookback_of_an_old_store(tmp_path: Path) -> None:
+    # A gap of an hour across the range's start: the embedded store still sees the older data.
+    _young_store(tmp_path / "vigil.db", AT - 8 * 3600.0, AT - 7 * 3600.0)
+    with Store(tmp_path / "vigil.db") as store:
+        store.write([(SeriesKey("up", labels_of({"instance": "a", "pool": "chat"})), "gauge",
+                      round((AT - 600.0 + k * 15) * 1000), 1.0) for k in range(41)])
+    with Store(tmp_path / "vigil.db", readonly=True) as store:
+        assert ts.first_sample(EmbeddedSource(store), AT, 6 * 3600.0) is None
+
+
+def test_first_sample_of_an_old_or_empty_store(seeded: tuple[Config, EmbeddedSource],
+                                               tmp_path: Path) -> None:
+    _, source = seeded
+    assert ts.first_sample(source, AT, 6 * 3600.0) is None
+    Store(tmp_path / "empty.db").close()
+    with Store(tmp_path / "empty.db", readonly=True) as store:
+        assert ts.first_sample(EmbeddedSource(store), AT, 6 * 3600.0) is None

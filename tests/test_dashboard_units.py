@@ -24,7 +24,13 @@ from dashboard.auth import (
     password_from_env,
     password_matches,
 )
-from dashboard.controls import View, parse_at, refresh_options, refresh_seconds
+from dashboard.controls import (
+    View,
+    fit_range,
+    parse_at,
+    refresh_options,
+    refresh_seconds,
+)
 from dashboard.status_view import (
     filter_slos,
     scaling_view,
@@ -33,9 +39,9 @@ from dashboard.status_view import (
     target_states,
 )
 from slo.embedded import EmbeddedSource
-from slo.sli import RequestRecord
 from slo.status import evaluate
 from vigil.config import load_config, parse_config
+from vigil.model import RequestRecord
 
 CONFIG = parse_config({"pools": [{"name": "chat", "model": MODEL}]})
 
@@ -86,6 +92,101 @@ def test_view_window_live_and_pinned() -> None:
     assert live.live and live.window(10_000.0) == (6400.0, 10_000.0)
     pinned = View("1h", 3600.0, 5000.0)
     assert not pinned.live and pinned.window(10_000.0) == (1400.0, 5000.0)
+
+
+# --- the range fitted to a young store -------------------------------------------------------
+@pytest.mark.parametrize(("age", "scrape", "key"), [
+    (None, 15.0, "6h"), (360.0, 15.0, "15m"), (360.0, 30.0, "15m"), (30.0, 15.0, "15m"),
+    (900.0, 15.0, "15m"), (901.0, 15.0, "1h"), (2000.0, 15.0, "1h"), (5 * 3600.0, 15.0, "6h"),
+    (6 * 3600.0, 15.0, "6h"), (7 * 3600.0, 15.0, "6h"), (60.0, 300.0, "1h"),
+    (60.0, 3600.0, "6h")])
+def test_fit_range_is_the_shortest_preset_holding_the_data(age: float | None, scrape: float,
+                                                           key: str) -> None:
+    assert fit_range(age, scrape_interval_s=scrape) == key
+
+
+def test_fit_range_never_beyond_the_default() -> None:
+    assert fit_range(2000.0, scrape_interval_s=15.0, default="15m") == "15m"
+    assert fit_range(float("nan"), scrape_interval_s=15.0) == "6h"
+
+
+def test_fitted_window_starts_at_the_first_sample() -> None:
+    now = 10_000.0
+    fitted = View("15m", 900.0, None, data_start_s=now - 360.0, min_span_s=240.0)
+    assert fitted.fitted and fitted.window(now) == (now - 360.0, now)
+    # Minutes later the store has grown; the window with it, up to the range.
+    assert fitted.window(now + 300.0) == (now - 360.0, now + 300.0)
+    assert fitted.window(now + 3600.0) == (now + 3600.0 - 900.0, now + 3600.0)
+    # Younger than a few scrapes: a few scrapes all the same.
+    assert View("15m", 900.0, None, data_start_s=now - 30.0, min_span_s=240.0).window(now) == (
+        now - 240.0, now)
+    assert not View("15m", 900.0, None).fitted
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (40.0, "40 s"), (360.0, "6 min"), (3600.0, "1 h"), (4500.0, "1 h 15 min"),
+    (86400.0, "1 d"), (90000.0, "1 d 1 h"), (None, fmt.NULL)])
+def test_span_in_words(seconds: float | None, text: str) -> None:
+    assert fmt.span(seconds) == text
+
+
+# --- rule labels --------------------------------------------------------------------------------
+@pytest.mark.parametrize(("values", "domain", "height"), [
+    ([0.8, 0.64], (0.0, 2.76), 135.0),            # an SLO threshold and the scale-out line
+    ([14.4, 6.0, 3.0, 1.0], (0.0, 31.7), 120.0),  # the burn-rate factors, bottom crowded
+    ([0.005, 0.005], (0.0, 0.17), 150.0),         # two SLOs with the same objective
+    ([0.9, 0.8], (0.0, 1.1), 240.0),              # far apart: nothing moves
+    ([2.0], (0.0, 2.3), 100.0)])                  # near the top: inside the frame
+def test_rule_labels_do_not_overlap(values: list[float], domain: tuple[float, float],
+                                    height: float) -> None:
+    from dashboard.charts import LABEL_GAP, label_centres, label_expressions
+
+    centres = label_centres(values, domain, height)
+    ordered = sorted(centres)
+    assert all(b - a >= LABEL_GAP - 1e-9 for a, b in itertools.pairwise(ordered))
+    assert ordered[0] > 0 and ordered[-1] < height
+    # The higher rule's label stays the higher one, and none sits below its own rule.
+    rank = sorted(range(len(values)), key=lambda i: -values[i])
+    assert [centres[i] for i in rank] == ordered
+    for v, c in zip(values, centres, strict=True):
+        assert c < height * (domain[1] - v) / (domain[1] - domain[0])
+    # The Vega expressions compute the same, whatever height the chart is drawn at.
+    exprs = label_expressions(values, domain)
+    for h in (height, 2 * height):
+        got = [eval(e, {"__builtins__": {}, "max": max, "min": min, "height": h})
+               for e in exprs]
+        assert got == pytest.approx(label_centres(values, domain, h), abs=1e-3)
+
+
+def test_far_apart_labels_sit_just_above_their_rules() -> None:
+    from dashboard.charts import label_centres
+
+    assert label_centres([0.9, 0.4], (0.0, 1.0), 200.0) == pytest.approx([12.0, 112.0])
+
+
+def test_lines_place_each_rule_label_by_expression_over_an_exact_domain() -> None:
+    from dashboard.charts import Rule, lines, long_frame
+
+    df = long_frame([(AT - 60, "p95", 2.4), (AT, "p95", 2.5)])
+    spec = lines(df, y_title="seconds", rules=[Rule(0.8, "SLO ≤ 800 ms"),
+                                                Rule(0.64, "scale out above 640 ms")]).to_dict()
+    layers = spec["layer"]
+    assert layers[0]["encoding"]["y"]["scale"] == {"domain": [0.0, pytest.approx(2.875)],
+                                                   "nice": False, "zero": False}
+    texts = [ly for ly in layers if (ly.get("mark") or {}).get("type") == "text"]
+    # A white halo under each label, then the label in its rule's colour.
+    assert len(texts) == 4 and texts[0]["mark"]["stroke"] == "white"
+    assert all("height" in ly["encoding"]["y"]["value"]["expr"] for ly in texts)
+
+
+def test_y_domain_has_headroom_and_zero() -> None:
+    from dashboard.charts import y_domain
+
+    assert y_domain([1.0, 2.0]) == (0.0, pytest.approx(2.3))
+    assert y_domain([]) == (0.0, 1.0)
+    low, high = y_domain([10.0, 20.0], zero=False)
+    assert low == pytest.approx(9.5) and high == pytest.approx(21.5)
+    assert y_domain([0.0, 0.0]) == (0.0, 0.15)
 
 
 # --- status tiles -------------------------------------------------------------------------------
