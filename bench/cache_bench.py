@@ -1,8 +1,11 @@
-"""Semantic-cache lookup latency over 100k cached entries (issue 5: p50 < 15 ms).
+"""Semantic-cache lookup latency over 100k cached entries (target: p50 < 15 ms).
 
-Run: ``.venv/bin/python bench/cache_bench.py [--entries 100000] [--queries 300] [--threads N]``
+Run: ``.venv/bin/python bench/cache_bench.py [--entries 100000] [--queries 300] [--threads N]
+[--backends onnx,torch]``
 
-1. Loads the real all-MiniLM-L6-v2 (``LocalEmbedder``, offline) and builds a ``SemanticCache``.
+1. Loads the real all-MiniLM-L6-v2 (``LocalEmbedder``, offline) once per backend (ONNX Runtime
+   and torch) and builds one ``SemanticCache`` whose embedder switches between them, so both
+   are timed over the same entries and the same machine load.
 2. Fills it with ``--entries`` entries, all in ONE L2 partition (the worst case: the search
    scans every row; real traffic spreads over tenants, models and system prompts). Their
    embeddings are **synthetic random unit vectors** (embedding 100k texts would take half an
@@ -14,14 +17,16 @@ Run: ``.venv/bin/python bench/cache_bench.py [--entries 100000] [--queries 300] 
      search of all rows in a worker thread, re-scoring) - the full cost of a miss;
    * ``lookup, L2 hit``: a paraphrase of a stored question (plus guard and response copy);
    * ``lookup, L1 hit``: an exact repeat (hash probe and response copy, no embedding);
+   * the three rows above that embed are timed with each backend;
    * ``embedding``: ``LocalEmbedder.embed`` alone; ``search``: ``VectorIndex.search`` alone,
      over the random rows (most pruned by the bound) and over 100k rows clustered at cosine
      ~0.8 around the query embeddings (the hard case: thousands of rows pass the bound);
    * ``decide``: the bypass rules and the key hashes.
 4. Reports the index memory (matrix capacity) and the process's RSS growth for the fill.
 
-Prints a Markdown table. Not part of the test suite. The machine's load matters (2 shared
-cores): the load average is printed with the results.
+Prints a Markdown table, with the figures of the torch-only run that docs/benchmarks.md
+recorded before the ONNX backend (``BEFORE``) beside the new ones. Not part of the test suite.
+The machine's load matters (2 shared cores): the load average is printed with the results.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from serving.cache import LocalEmbedder, SemanticCache  # noqa: E402
-from serving.cache.embedder import default_threads  # noqa: E402
+from serving.cache.embedder import Backend, Embedder, default_threads  # noqa: E402
 from serving.cache.index import VectorIndex  # noqa: E402
 from serving.cache.responses import encode  # noqa: E402
 from serving.sim.protocol import chat_response  # noqa: E402
@@ -61,6 +66,36 @@ ASKS = ["How do I change {}?", "Where can I find {}?", "Why can't I update {}?",
         "How do I reset {}?", "What are the limits on {}?"]
 PARAPHRASE = {"How do I change {}?": "What is the way to change {}?",
               "How do I reset {}?": "What is the way to reset {}?"}
+
+
+#: p50 and p99 (ms) of the run recorded in docs/benchmarks.md before the ONNX backend: torch,
+#: 1 embedder thread, load average ~4.6 on the 2-core VM.
+BEFORE: dict[str, tuple[float, float]] = {
+    "miss": (23.9, 115.6), "hit_l2": (21.1, 56.6), "hit_l1": (0.15, 0.28),
+    "embed": (19.3, 64.0), "search": (1.95, 7.7), "search_clustered": (3.4, 27.7),
+    "decide": (0.15, 2.8),
+}
+
+
+class SwitchedEmbedder:
+    """Hands each embed to the backend chosen before the call, so one filled cache serves
+    every backend's rows."""
+
+    def __init__(self, embedders: dict[str, LocalEmbedder]):
+        self.embedders = embedders
+        self.current: Embedder = next(iter(embedders.values()))
+        self.source = "bench"
+
+    async def warm_up(self) -> None:
+        for embedder in self.embedders.values():
+            await embedder.warm_up()
+
+    async def embed(self, text: str) -> np.ndarray | None:
+        return await self.current.embed(text)
+
+    async def aclose(self) -> None:
+        for embedder in self.embedders.values():
+            await embedder.aclose()
 
 
 def questions() -> list[str]:
@@ -106,14 +141,20 @@ async def interleaved(fns: list[Callable[[], Awaitable[Any]]], n: int
     return out
 
 
-Row = tuple[str, tuple[list[float], list[float]] | None, str]
+# (what, backend or "", timings or None for a note, key of BEFORE or "", target)
+Row = tuple[str, str, tuple[list[float], list[float]] | None, str, str]
 
 
-async def run(entries: int, n_queries: int, threads: int | None) -> list[Row]:
-    embedder = LocalEmbedder(threads=threads)
-    t = time.perf_counter()
-    await embedder.warm_up()
-    print(f"model loaded in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+async def run(entries: int, n_queries: int, threads: int | None,
+              backends: list[Backend]) -> list[Row]:
+    embedders: dict[str, LocalEmbedder] = {}
+    for backend in backends:
+        local = LocalEmbedder(threads=threads, backend=backend)
+        t = time.perf_counter()
+        await local.warm_up()
+        print(f"{backend}: model loaded in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        embedders[backend] = local
+    embedder = SwitchedEmbedder(embedders)
     cfg = CacheConfig(enabled=True, max_entries=entries + 1000)
     cache = SemanticCache.from_config(cfg, embedder=embedder)
     qs = questions()
@@ -151,8 +192,10 @@ async def run(entries: int, n_queries: int, threads: int | None) -> list[Row]:
     new_questions = [f"{a.format(s)} (case {i})" for i, (a, s) in enumerate(
         (a, s) for s in SUBJECTS for a in ASKS)]
     paraphrases = [PARAPHRASE[a].format(s) for s in SUBJECTS for a in PARAPHRASE]
-    for _ in range(5):  # warm the threads and BLAS
-        await cache.lookup(decide(new_questions[0]))
+    for local in embedders.values():
+        embedder.current = local
+        for _ in range(5):  # warm the threads and BLAS
+            await cache.lookup(decide(new_questions[0]))
 
     it = iter(range(10**9))
 
@@ -175,7 +218,7 @@ async def run(entries: int, n_queries: int, threads: int | None) -> list[Row]:
             raise AssertionError("expected an L1 hit")
 
     async def embed() -> None:
-        await embedder.embed(new_questions[next(it) % len(new_questions)])
+        await embedder.current.embed(new_questions[next(it) % len(new_questions)])
 
     index = cache._store.index(partition)
     assert index is not None
@@ -203,23 +246,37 @@ async def run(entries: int, n_queries: int, threads: int | None) -> list[Row]:
     async def decide_only() -> None:
         decide(new_questions[next(it) % len(new_questions)])
 
-    names = [
-        ("lookup, L2 miss (embedding + search)", miss, "p50 < 15 ms"),
-        ("lookup, L2 hit (paraphrase)", hit_l2, "p50 < 15 ms"),
-        ("lookup, L1 hit (exact repeat)", hit_l1, ""),
-        ("embedding alone (all-MiniLM-L6-v2, CPU)", embed, ""),
-        (f"search alone ({entries:,} x 384, random rows)", search, ""),
-        (f"search alone ({entries:,} x 384, rows at cos ~0.8 to the queries)",
-         search_clustered, ""),
-        ("decide (rules + key hashes)", decide_only, ""),
+    def on(backend: str, fn: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        async def call() -> None:
+            embedder.current = embedders[backend]
+            await fn()
+        return call
+
+    names: list[tuple[str, str, Callable[[], Awaitable[None]], str, str]] = []
+    for backend in embedders:
+        names += [
+            ("lookup, L2 miss (embedding + search)", backend, on(backend, miss), "miss",
+             "p50 < 15 ms"),
+            ("lookup, L2 hit (paraphrase)", backend, on(backend, hit_l2), "hit_l2",
+             "p50 < 15 ms"),
+            ("embedding alone (all-MiniLM-L6-v2, CPU)", backend, on(backend, embed), "embed",
+             ""),
+        ]
+    names += [
+        ("lookup, L1 hit (exact repeat)", "", hit_l1, "hit_l1", ""),
+        (f"search alone ({entries:,} x 384, random rows)", "", search, "search", ""),
+        (f"search alone ({entries:,} x 384, rows at cos ~0.8 to the queries)", "",
+         search_clustered, "search_clustered", ""),
+        ("decide (rules + key hashes)", "", decide_only, "decide", ""),
     ]
-    times = await interleaved([fn for _, fn, _ in names], n_queries)
-    rows: list[Row] = [(name, t, target)
-                       for (name, _, target), t in zip(names, times, strict=True)]
+    times = await interleaved([fn for _, _, fn, _, _ in names], n_queries)
+    rows: list[Row] = [(name, backend, t, before, target)
+                       for (name, backend, _, before, target), t
+                       in zip(names, times, strict=True)]
     mem = (f"index matrix {stats.index_bytes / 2**20:.0f} MiB (capacity), process RSS "
            f"+{rss1 - rss0:.0f} MiB for {entries:,} entries "
            f"({(rss1 - rss0) * 1024 / entries:.2f} kB/entry incl. response bodies)")
-    rows.append((mem, None, ""))
+    rows.append((mem, "", None, "", ""))
     await cache.aclose()
     await embedder.aclose()
     return rows
@@ -230,23 +287,32 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads of the embedder (default: default_threads())")
+                        help="intra-op threads of the embedder (default: default_threads())")
+    parser.add_argument("--backends", default="onnx,torch",
+                        help="comma-separated local embedder backends to time "
+                             "(onnx, torch, auto)")
     args = parser.parse_args()
-    rows = asyncio.run(run(args.entries, args.queries, args.threads))
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if not backends or any(b not in ("onnx", "torch", "auto") for b in backends):
+        parser.error(f"--backends: onnx, torch or auto, got {args.backends!r}")
+    rows = asyncio.run(run(args.entries, args.queries, args.threads, backends))
     load = os.getloadavg()
     threads = args.threads if args.threads is not None else default_threads()
     print(f"\n{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
           f"{args.queries} queries each; embedder threads {threads}\n")
-    print("| what | p50 | p99 | mean | CPU p50 | target |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for name, values, target in rows:
+    print("| what | backend | p50 | p95 | p99 | mean | CPU p50 | before: p50 / p99 (torch) "
+          "| target |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    for name, backend, values, before, target in rows:
         if values is None:
-            print(f"| {name} | | | | | |")
+            print(f"| {name} | | | | | | | | |")
             continue
         ms = [v * 1000 for v in values[0]]
         cpu = [v * 1000 for v in values[1]]
-        print(f"| {name} | {pct(ms, 0.5):.2f} ms | {pct(ms, 0.99):.2f} ms | "
-              f"{statistics.fmean(ms):.2f} ms | {pct(cpu, 0.5):.2f} ms | {target} |")
+        old = f"{BEFORE[before][0]} / {BEFORE[before][1]} ms" if before in BEFORE else ""
+        print(f"| {name} | {backend} | {pct(ms, 0.5):.2f} ms | {pct(ms, 0.95):.2f} ms | "
+              f"{pct(ms, 0.99):.2f} ms | {statistics.fmean(ms):.2f} ms | "
+              f"{pct(cpu, 0.5):.2f} ms | {old} | {target} |")
 
 
 if __name__ == "__main__":

@@ -112,7 +112,7 @@ def test_turn_off_the_light_misses_turn_on_the_light() -> None:
     ("Should I take it before meals?", "Should I take it after meals?"),
 ])
 def test_negations_above_the_threshold_miss(stored: str, asked: str) -> None:
-    # These pairs pass the seed's 0.95 with this model: the threshold alone would serve them.
+    # These pairs pass the default 0.95 with this model: the threshold alone would serve them.
     assert similarity(stored, asked) > 0.95
 
     async def go() -> None:
@@ -372,11 +372,17 @@ def test_a_saturated_embedder_misses_instead_of_queueing() -> None:
     run(go())
 
 
+def test_the_shared_embedder_runs_on_onnx_runtime() -> None:
+    # Every test above goes through this embedder: they pin the cache's behaviour on the
+    # default backend (tests/test_cache_onnx.py compares it with torch).
+    assert local_embedder().backend == "onnx"
+
+
 def test_the_embedders_torch_threads_stay_in_its_thread() -> None:
     import torch
 
     before = torch.get_num_threads()
-    embedder = LocalEmbedder(threads=1)
+    embedder = LocalEmbedder(threads=1, backend="torch")
     embedder.load()
     try:
         assert torch.get_num_threads() == before  # the caller's thread is untouched

