@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python bench/collect_bench.py [--seconds 3] [--targets 200]``
 
-Prints a Markdown table. The target (issue 2): at least 100k samples/s end to end on one core,
+Prints a Markdown table. The target: at least 100k samples/s end to end on one core,
 so that one collector can scrape 1,000 replicas (~700 samples each) every 15 s (~47k samples/s).
 """
 

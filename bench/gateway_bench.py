@@ -8,7 +8,7 @@ Separate processes on loopback: a fast upstream, one ``vigil gateway`` per gatew
 of it, and this script's load generator, which keeps N streams busy (each sends a streaming chat
 request, reads it to its end, sends the next) first straight to the upstream, then through each
 gateway, and compares. Added latency = gateway quantile - direct quantile, for the time to the
-first body bytes (TTFT) and to the end of the stream (e2e). Targets (issue 5): p50 < 1 ms,
+first body bytes (TTFT) and to the end of the stream (e2e). Targets: p50 < 1 ms,
 p99 < 5 ms.
 
 Legs: ``direct`` (the upstream itself), ``after`` (this tree's gateway), ``before`` (the gateway
@@ -246,7 +246,7 @@ def process(args: list[str], health: str, cwd: Path, log: Path, pythonpath: Path
 #: ``vigil`` with the rest of argv.
 _LAUNCH = ("import sys\n"
            "for m in filter(None, sys.argv[1].split(',')): sys.modules[m] = None\n"
-           "from vigil.cli import main\n"
+           "from vigil_shell.cli import main\n"
            "sys.exit(main(sys.argv[2:]))\n")
 
 

@@ -10,7 +10,7 @@ above the table says how noisy the numbers are). The outputs are checked identic
 library's before anything is timed.
 
 Target: at least 4x prometheus_client's ``text_string_to_metric_families`` on the vLLM fixture
-(client_python issue 1114 made it ~4x slower in 0.22); the collector must parse 1,000 vLLM
+(client_python#1114 made it ~4x slower in 0.22); the collector must parse 1,000 vLLM
 replicas every 15 s on one core.
 
 ``bench_parse`` is the reusable piece: give it any ``body -> families`` callable (a parse+store

@@ -26,15 +26,14 @@ SIGKILL) at teardown. Notes that matter:
 * Staleness markers cannot be imported this way (the text format has no stale NaN), so
   "stale" series are modelled as gaps longer than the lookback.
 
-The fixture skips when Prometheus is not installed — except under CI (``CI`` set), where a
-missing binary is a broken environment and fails instead of silently skipping.
+The binaries are found by ``conftest.require_binary``: a missing one skips the test with the
+command that installs it, and fails it under CI.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -47,6 +46,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import require_binary
 from helpers import free_port
 
 from vigil.model import Labels, labels_of
@@ -55,15 +55,15 @@ __all__ = [
     "PromSeries",
     "PrometheusError",
     "PrometheusServer",
-    "find_prometheus",
     "prometheus_fixture",
+    "require_prometheus",
     "run_prometheus",
+    "start_prometheus",
     "write_openmetrics",
 ]
 
-#: Where Debian installs the binaries; PATH is searched too.
-DEFAULT_BINARY = "/usr/bin/prometheus"
-DEFAULT_PROMTOOL = "/usr/bin/promtool"
+#: Debian's package holding both binaries.
+APT_PACKAGE = "prometheus"
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -142,29 +142,10 @@ def write_openmetrics(series: Iterable[PromSeries], path: Path) -> int:
     return count
 
 
-def find_prometheus() -> tuple[str, str] | None:
-    """``(prometheus, promtool)`` paths, or ``None`` when either is missing."""
-    binaries = []
-    for default, name in ((DEFAULT_BINARY, "prometheus"), (DEFAULT_PROMTOOL, "promtool")):
-        path = default if os.access(default, os.X_OK) else shutil.which(name)
-        if path is None:
-            return None
-        binaries.append(path)
-    return binaries[0], binaries[1]
-
-
 def require_prometheus() -> tuple[str, str]:
-    """The binaries, or skip the test (fail under CI, where Prometheus must be installed)."""
-    found = find_prometheus()
-    if found is None:
-        message = (
-            f"Prometheus is not installed ({DEFAULT_BINARY} / {DEFAULT_PROMTOOL} missing); "
-            "`make prometheus` installs Debian's package"
-        )
-        if os.environ.get("CI"):
-            pytest.fail(message + " — CI must run these tests", pytrace=False)
-        pytest.skip(message)
-    return found
+    """``(prometheus, promtool)`` paths, or end the test (``require_binary``'s policy)."""
+    return (require_binary("prometheus", apt=APT_PACKAGE),
+            require_binary("promtool", apt=APT_PACKAGE))
 
 
 class PrometheusServer:
@@ -302,31 +283,30 @@ def _create_blocks(promtool: str, om_file: Path, data_dir: Path) -> None:
         raise PrometheusError(f"promtool wrote no block into {data_dir}:\n{result.stdout}")
 
 
-def _start(prometheus: str, workdir: Path, data_dir: Path) -> PrometheusServer:
+def start_prometheus(prometheus: str, workdir: Path, config_text: str, data_dir: Path,
+                     *extra_args: str) -> PrometheusServer:
+    """Start ``prometheus`` on a free loopback port with ``config_text`` as its config (written
+    to ``workdir/prometheus.yml``) and ``data_dir`` as its TSDB; its log goes to
+    ``workdir/prometheus.log``. Not yet waited for: call ``wait_ready``."""
     config = workdir / "prometheus.yml"
-    # No scrape jobs: the only data is the blocks we created.
-    config.write_text("global:\n  evaluation_interval: 1h\nscrape_configs: []\n")
+    config.write_text(config_text)
     port = free_port()
     log_path = workdir / "prometheus.log"
-    log = log_path.open("wb")
-    try:
+    with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [
-                prometheus,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={data_dir}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                # Retention is relative to the newest block; make it explicit anyway so a
-                # future default can't drop old test data.
-                "--storage.tsdb.retention.time=100y",
-                "--log.level=warn",
-            ],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            cwd=workdir,
+            [prometheus, f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", *extra_args],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
         )
-    finally:
-        log.close()
     return PrometheusServer(process, f"http://127.0.0.1:{port}", workdir, log_path)
+
+
+def _start(prometheus: str, workdir: Path, data_dir: Path) -> PrometheusServer:
+    # No scrape jobs: the only data is the blocks we created. Retention is relative to the
+    # newest block; it is explicit anyway so that a future default can't drop old test data.
+    return start_prometheus(prometheus, workdir,
+                            "global:\n  evaluation_interval: 1h\nscrape_configs: []\n",
+                            data_dir, "--storage.tsdb.retention.time=100y")
 
 
 def _check_loaded(server: PrometheusServer, series: Sequence[PromSeries]) -> None:

@@ -1,42 +1,22 @@
 """Shared helpers of the alert tests (no tests here): a recording webhook receiver on
-127.0.0.1, alert and config builders."""
+127.0.0.1 (``helpers.LoopbackServer``), alert and config builders."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from helpers import LoopbackServer, Request, serve_http
 
 from alerts.model import Alert
 from vigil.config import Config, parse_config
 
+__all__ = ["T0", "Behaviour", "Receiver", "Request", "alert", "config", "ok", "receiver",
+           "route"]
+
 T0 = 1_795_000_000.0
-
-
-@dataclass
-class Request:
-    """One request the receiver got, and what it answered (headers keyed lower-case)."""
-
-    path: str
-    headers: dict[str, str]
-    body: bytes
-    status: int = 0
-
-    @property
-    def key(self) -> str:
-        return self.headers.get("idempotency-key", "")
-
-    @property
-    def attempt(self) -> int:
-        return int(self.headers.get("x-vigil-attempt", "0"))
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
 
 #: Decides the answer to a request: (status, body). Runs on the server's thread; may block.
 Behaviour = Callable[[Request], tuple[int, bytes]]
@@ -46,19 +26,33 @@ def ok(_: Request) -> tuple[int, bytes]:
     return 200, b"ok"
 
 
-@dataclass
 class Receiver:
-    """Records every POST; ``behaviour`` answers it (200 by default)."""
+    """A webhook receiver: records every request; ``behaviour`` answers it (200 by default)
+    and may be replaced while it runs. ``url`` ends with ``/hook``."""
 
-    url: str
-    behaviour: Behaviour = ok
-    requests: list[Request] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    def __init__(self, server: LoopbackServer, behaviour: Behaviour = ok) -> None:
+        self.server = server
+        self.behaviour = behaviour
+        self.url = server.url + "/hook"
+        server.respond = self._answer
+
+    def _answer(self, req: Request) -> tuple[int, str, bytes]:
+        status, body = self.behaviour(req)
+        return status, "text/plain", body
+
+    @property
+    def requests(self) -> list[Request]:
+        """Every request so far, in arrival order (the live list: read it under ``lock``
+        while deliveries run)."""
+        return self.server.requests
+
+    @property
+    def lock(self) -> threading.Lock:
+        return self.server.lock
 
     def accepted(self) -> list[Request]:
         """The requests answered 2xx, in arrival order."""
-        with self.lock:
-            return [r for r in self.requests if 200 <= r.status < 300]
+        return [r for r in self.server.recorded() if 200 <= r.status < 300]
 
     def deduped(self) -> list[Request]:
         """What a receiver that drops repeated idempotency keys would process: the first
@@ -75,41 +69,8 @@ class Receiver:
 @contextmanager
 def receiver(behaviour: Behaviour = ok) -> Iterator[Receiver]:
     """A recording receiver on a free loopback port; yields it (``.url`` ends with /hook)."""
-    state: dict[str, Receiver] = {}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length", "0"))
-            body = self.rfile.read(length)
-            rec = state["r"]
-            req = Request(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
-            with rec.lock:
-                rec.requests.append(req)
-            status, answer = rec.behaviour(req)
-            req.status = status
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    state["r"] = Receiver(f"http://127.0.0.1:{server.server_address[1]}/hook", behaviour)
-    # A short poll interval: shutdown() waits for it.
-    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    try:
-        yield state["r"]
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http() as server:
+        yield Receiver(server, behaviour)
 
 
 def alert(name: str = "SLOBurnRate", *, pool: str = "chat", slo: str = "chat-ttft",

@@ -20,7 +20,7 @@ from serving.cache import assemble_stream, replay_stream
 from serving.cache.responses import refusal_reason
 from serving.sim.testing import running_fleet
 
-FIXTURE = Path("/work/shared/fixtures/openai_stream_example.txt")
+FIXTURE = Path(__file__).parent / "fixtures" / "openai_stream_example.txt"
 ANSWER = "The KV cache stores the attention keys and values of earlier tokens. ünïcødé ✓"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vigil.config_reference import example_comments, reference_markdown
+from vigil_shell.config_reference import example_comments, reference_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "configuration.md"
@@ -13,7 +13,7 @@ DOC = ROOT / "docs" / "configuration.md"
 def test_the_committed_reference_is_up_to_date() -> None:
     assert DOC.read_text() == reference_markdown(), (
         "docs/configuration.md is stale: run "
-        "`.venv/bin/python -m vigil.config_reference > docs/configuration.md`"
+        "`.venv/bin/python -m vigil_shell.config_reference > docs/configuration.md`"
     )
 
 

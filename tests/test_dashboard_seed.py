@@ -197,7 +197,7 @@ def seed_gateway(path: Path) -> int:
     """Gateway records of the last hour, written by the gateway's ``RecordWriter``: three
     tiers, cache hits with savings, error classes, and one 60,000-token request (an exact
     anomaly). Returns how many."""
-    from serving.gateway.records import GatewayRecord, RecordWriter
+    from collector.request_log import GatewayRecord, RecordWriter
 
     writer = RecordWriter(path)
     writer.start()
@@ -239,7 +239,7 @@ def seed_dashboard(folder: Path, *, targets: bool = True, gateway: bool = False,
     return config
 
 
-# --- the seed is what the pages need ------------------------------------------------------------
+# --- seeded data holds what the pages need -----------------------------------------------------
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return seed_dashboard(tmp_path_factory.mktemp("seed"), gateway=True)
@@ -264,7 +264,7 @@ def test_store_has_every_series_the_pages_read(seeded: Path) -> None:
 
 
 def test_gateway_records_are_readable_as_a_request_log(seeded: Path) -> None:
-    from serving.gateway.records import GatewayRecords
+    from collector.request_log import GatewayRecords
 
     records = list(GatewayRecords(seeded.parent / "vigil-gateway.db").records("chat", AT, 3600))
     assert len(records) == 300

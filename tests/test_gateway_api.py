@@ -19,7 +19,7 @@ from test_gateway_support import (
 )
 
 from collector.exposition import parse
-from serving.gateway.records import GatewayRecords
+from collector.request_log import GatewayRecords
 from serving.sim.testing import FleetHandle, running_fleet, sample_values, total
 from slo.sli import RequestLog
 

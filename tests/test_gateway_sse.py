@@ -19,7 +19,7 @@ def _chunk(delta: dict | None, finish: str | None = None, usage: dict | None = N
 
 
 def _fixture() -> bytes:
-    """The events of ../shared/fixtures/openai_stream_example.txt: an OpenAI chat stream
+    """The events of tests/fixtures/openai_stream_example.txt: an OpenAI chat stream
     (role chunk, three content chunks, an empty finish chunk, the usage chunk, [DONE])."""
     chunks = [_chunk({"role": "assistant", "content": ""}),
               _chunk({"content": "The KV cache stores"}),

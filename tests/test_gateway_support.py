@@ -25,10 +25,10 @@ import openai
 import uvicorn
 from helpers import free_port
 
+from collector.request_log import GatewayRecord, GatewayRecords
 from serving.gateway.app import create_app
 from serving.gateway.auth import key_sha256
 from serving.gateway.pipeline import Gateway
-from serving.gateway.records import GatewayRecord, GatewayRecords
 from serving.sim.profiles import DEFAULT_MODEL
 from vigil.config import Config, parse_config
 

@@ -24,9 +24,9 @@ from test_gateway_support import (
     wait_until,
 )
 
+from collector.request_log import GatewayRecords
 from serving.gateway.auth import key_sha256
 from serving.gateway.batch import BatchRequest
-from serving.gateway.records import GatewayRecords
 from serving.gateway.types import Caller
 from serving.sim.testing import running_fleet
 
@@ -114,7 +114,7 @@ def test_vigil_gateway_command(tmp_path: Path) -> None:
         port = free_port()
         config = _config_file(tmp_path, fleet.base_urls[0], port)
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        proc = subprocess.Popen([sys.executable, "-m", "vigil.cli", "gateway", "--config",
+        proc = subprocess.Popen([sys.executable, "-m", "vigil_shell.cli", "gateway", "--config",
                                  str(config)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         try:
@@ -152,7 +152,7 @@ def test_bad_config_exits_2(tmp_path: Path) -> None:
     config = tmp_path / "vigil.toml"
     config.write_text('[gateway]\nlisten = "nowhere"\n')
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "vigil.cli", "gateway", "--config",
+    done = subprocess.run([sys.executable, "-m", "vigil_shell.cli", "gateway", "--config",
                            str(config)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert "gateway.listen" in done.stderr

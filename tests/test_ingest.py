@@ -29,7 +29,7 @@ def cfg(tmp_path):
 
 def vigil(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "vigil.cli", *args],
+        [sys.executable, "-m", "vigil_shell.cli", *args],
         capture_output=True, text=stdin is None, input=stdin, timeout=120,
     )
 

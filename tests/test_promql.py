@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from slo.aggregate import divide, divide_vectors, instant_vector, per_series, sum_by
 from slo.lookup import (
@@ -541,88 +543,84 @@ def test_quantile_is_monotone_in_q_seeded(sem: str) -> None:
         assert finite == sorted(finite)
 
 
-# -- properties (hypothesis, when installed) ---------------------------------------------------
+# -- properties (hypothesis) -------------------------------------------------------------------
 
-try:
-    from hypothesis import assume, given, settings
-    from hypothesis import strategies as st
-except ImportError:  # pragma: no cover - hypothesis is optional; the seeded tests above still run
-    st = None
+# Integer-valued counters (request/token counts) keep the arithmetic exact, so the
+# property is about the algorithm, not about float rounding.
+_steps = st.lists(
+    st.tuples(st.integers(1, 60_000), st.integers(0, 1_000), st.booleans(),
+              st.integers(0, 50)),
+    min_size=1, max_size=60,
+)
 
-if st is not None:
-    # Integer-valued counters (request/token counts) keep the arithmetic exact, so the
-    # property is about the algorithm, not about float rounding.
-    _steps = st.lists(
-        st.tuples(st.integers(1, 60_000), st.integers(0, 1_000), st.booleans(),
-                  st.integers(0, 50)),
-        min_size=1, max_size=60,
-    )
 
-    def _counter_from(steps: list[tuple[int, int, bool, int]]) -> tuple[list[int], list[float]]:
-        ts, vals, t, v = [], [], 1_000_000, 0
-        for dt, inc, reset, restart in steps:
-            t += dt
-            v = restart if reset else v + inc
-            ts.append(t)
-            vals.append(float(v))
-        return ts, vals
+def _counter_from(steps: list[tuple[int, int, bool, int]]) -> tuple[list[int], list[float]]:
+    ts, vals, t, v = [], [], 1_000_000, 0
+    for dt, inc, reset, restart in steps:
+        t += dt
+        v = restart if reset else v + inc
+        ts.append(t)
+        vals.append(float(v))
+    return ts, vals
 
-    @settings(max_examples=300, deadline=None, database=None)
-    @given(steps=_steps, after=st.integers(0, 120_000),
-           window=st.sampled_from([15, 30, 90, 300, 3600]), sem=st.sampled_from(BOTH))
-    def test_property_counter_rate_is_never_negative(
-        steps: list[tuple[int, int, bool, int]], after: int, window: int, sem: str
-    ) -> None:
-        ts, vals = _counter_from(steps)
-        at = (ts[-1] + after) / 1000
-        for fn in (rate, increase):
-            got = fn(ts, vals, at, window, sem)
-            assert got is None or got >= 0
 
-    @settings(max_examples=300, deadline=None, database=None)
-    @given(steps=_steps, after=st.integers(0, 120_000),
-           window=st.sampled_from([30, 90, 300]), sem=st.sampled_from(BOTH))
-    def test_property_rate_is_increase_per_second(
-        steps: list[tuple[int, int, bool, int]], after: int, window: int, sem: str
-    ) -> None:
-        ts, vals = _counter_from(steps)
-        at = (ts[-1] + after) / 1000
-        r, i = rate(ts, vals, at, window, sem), increase(ts, vals, at, window, sem)
-        assert (r is None) == (i is None)
-        if r is not None and i is not None:
-            assert math.isclose(r * window, i, rel_tol=1e-12, abs_tol=1e-12)
+@settings(max_examples=300, deadline=None, database=None)
+@given(steps=_steps, after=st.integers(0, 120_000),
+       window=st.sampled_from([15, 30, 90, 300, 3600]), sem=st.sampled_from(BOTH))
+def test_property_counter_rate_is_never_negative(
+    steps: list[tuple[int, int, bool, int]], after: int, window: int, sem: str
+) -> None:
+    ts, vals = _counter_from(steps)
+    at = (ts[-1] + after) / 1000
+    for fn in (rate, increase):
+        got = fn(ts, vals, at, window, sem)
+        assert got is None or got >= 0
 
-    _histogram = st.lists(st.tuples(st.integers(1, 100_000), st.integers(0, 500)),
-                          min_size=1, max_size=25, unique_by=lambda b: b[0])
 
-    def _buckets_from(raw: list[tuple[int, int]], inf_extra: int) -> list[tuple[float, float]]:
-        total, out = 0.0, []
-        for le, n in sorted(raw):
-            total += n
-            out.append((le / 1000, total))
-        return [*out, (INF, total + inf_extra)]
+@settings(max_examples=300, deadline=None, database=None)
+@given(steps=_steps, after=st.integers(0, 120_000),
+       window=st.sampled_from([30, 90, 300]), sem=st.sampled_from(BOTH))
+def test_property_rate_is_increase_per_second(
+    steps: list[tuple[int, int, bool, int]], after: int, window: int, sem: str
+) -> None:
+    ts, vals = _counter_from(steps)
+    at = (ts[-1] + after) / 1000
+    r, i = rate(ts, vals, at, window, sem), increase(ts, vals, at, window, sem)
+    assert (r is None) == (i is None)
+    if r is not None and i is not None:
+        assert math.isclose(r * window, i, rel_tol=1e-12, abs_tol=1e-12)
 
-    @settings(max_examples=300, deadline=None, database=None)
-    @given(raw=_histogram, inf_extra=st.integers(0, 500),
-           qs=st.lists(st.floats(0, 1), min_size=2, max_size=20), sem=st.sampled_from(BOTH))
-    def test_property_quantile_is_monotone_in_q(
-        raw: list[tuple[int, int]], inf_extra: int, qs: list[float], sem: str
-    ) -> None:
-        buckets = _buckets_from(raw, inf_extra)
-        values = [histogram_quantile(q, buckets, sem) for q in sorted(qs)]
-        finite = [v for v in values if not math.isnan(v)]
-        assert finite == sorted(finite)
 
-    @settings(max_examples=300, deadline=None, database=None)
-    @given(raw=_histogram, q=st.floats(0.001, 0.999))
-    def test_property_fraction_inverts_the_quantile(raw: list[tuple[int, int]], q: float) -> None:
-        buckets = _buckets_from([(le, n + 1) for le, n in raw], 0)  # every bucket non-empty
-        total = buckets[-1][1]
-        assume(len(buckets) >= 2 and q * total < buckets[-2][1])  # below the +Inf bucket
-        value = histogram_quantile(q, buckets, "3")
-        fraction, _ = bucket_fraction_below(value, buckets)
-        assert math.isclose(fraction, q, rel_tol=1e-9, abs_tol=1e-12)
-else:  # pragma: no cover
+_histogram = st.lists(st.tuples(st.integers(1, 100_000), st.integers(0, 500)),
+                      min_size=1, max_size=25, unique_by=lambda b: b[0])
 
-    def test_property_tests_need_hypothesis() -> None:
-        pytest.skip("hypothesis is not installed: `pip install hypothesis` runs the property tests")
+
+def _buckets_from(raw: list[tuple[int, int]], inf_extra: int) -> list[tuple[float, float]]:
+    total, out = 0.0, []
+    for le, n in sorted(raw):
+        total += n
+        out.append((le / 1000, total))
+    return [*out, (INF, total + inf_extra)]
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(raw=_histogram, inf_extra=st.integers(0, 500),
+       qs=st.lists(st.floats(0, 1), min_size=2, max_size=20), sem=st.sampled_from(BOTH))
+def test_property_quantile_is_monotone_in_q(
+    raw: list[tuple[int, int]], inf_extra: int, qs: list[float], sem: str
+) -> None:
+    buckets = _buckets_from(raw, inf_extra)
+    values = [histogram_quantile(q, buckets, sem) for q in sorted(qs)]
+    finite = [v for v in values if not math.isnan(v)]
+    assert finite == sorted(finite)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(raw=_histogram, q=st.floats(0.001, 0.999))
+def test_property_fraction_inverts_the_quantile(raw: list[tuple[int, int]], q: float) -> None:
+    buckets = _buckets_from([(le, n + 1) for le, n in raw], 0)  # every bucket non-empty
+    total = buckets[-1][1]
+    assume(len(buckets) >= 2 and q * total < buckets[-2][1])  # below the +Inf bucket
+    value = histogram_quantile(q, buckets, "3")
+    fraction, _ = bucket_fraction_below(value, buckets)
+    assert math.isclose(fraction, q, rel_tol=1e-9, abs_tol=1e-12)

@@ -11,21 +11,18 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import httpx
 import pytest
-from helpers import free_port
+from conftest import require_binary
+from helpers import free_port, serve_http
+from helpers import wait_for as wait_until
 
-from vigil import alerts_cli
 from vigil.errors import ConfigError
-from vigil.serve import parse_listen
+from vigil_shell import alerts_cli
+from vigil_shell.serve import parse_listen
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-PROMETHEUS = "/usr/bin/prometheus"
 
 
 def tight_slo_config(sim_base: str, hook: str, *, alerts_extra: str = "",
@@ -78,43 +75,6 @@ def test_parse_listen():
         parse_listen("nonsense")
 
 
-@contextlib.contextmanager
-def receiver() -> Iterator[tuple[str, list[dict]]]:
-    """A webhook receiver on 127.0.0.1 collecting the JSON bodies it is sent."""
-    got: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            got.append(json.loads(body))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/hook", got
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def wait_for(what: str, check, timeout: float) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            result = check()
-            if result:
-                return result
-        time.sleep(0.25)
-    raise AssertionError(f"{what}: not within {timeout}s")
-
-
 def load(base: str, stop: threading.Event) -> None:
     with httpx.Client(timeout=30) as client:
         while not stop.is_set():
@@ -130,14 +90,20 @@ def stop_process(p: subprocess.Popen[bytes]) -> None:
     p.wait()
 
 
+def wait_for(what: str, check, timeout: float) -> object:
+    """Poll ``check`` every 0.25 s until truthy (an HTTP error counts as "not yet")."""
+    return wait_until(what, check, timeout, interval_s=0.25, ignore=(httpx.HTTPError,))
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="needs Debian's prometheus")
 def test_serve_pages_under_overload_and_is_scraped_by_prometheus(tmp_path):
+    prometheus = require_binary("prometheus")
     sim_port, serve_port, prom_port = free_port(), free_port(), free_port()
     sim_base = f"http://127.0.0.1:{sim_port}"
     procs: list[subprocess.Popen[bytes]] = []
     stop_load = threading.Event()
-    with receiver() as (hook, got):
+    with serve_http() as receiver:
+        hook = receiver.url + "/hook"
         cfg = tmp_path / "vigil.toml"
         cfg.write_text(tight_slo_config(sim_base, hook))
         prom_cfg = tmp_path / "prometheus.yml"
@@ -152,7 +118,7 @@ scrape_configs:
 """)
         try:
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "vigil.cli", "sim", "--replicas", "1", "--port",
+                [sys.executable, "-m", "vigil_shell.cli", "sim", "--replicas", "1", "--port",
                  str(sim_port), "--model", MODEL, "--profile", "small"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             wait_for("sim healthy",
@@ -162,18 +128,19 @@ scrape_configs:
             for t in loaders:
                 t.start()
             serve = subprocess.Popen(
-                [sys.executable, "-m", "vigil.serve", "--config", str(cfg), "--listen",
+                [sys.executable, "-m", "vigil_shell.serve", "--config", str(cfg), "--listen",
                  f"127.0.0.1:{serve_port}"],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             procs.append(serve)
             procs.append(subprocess.Popen(
-                [PROMETHEUS, f"--config.file={prom_cfg}",
+                [prometheus, f"--config.file={prom_cfg}",
                  f"--storage.tsdb.path={tmp_path / 'prom'}",
                  f"--web.listen-address=127.0.0.1:{prom_port}"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
             def paged() -> list[dict]:
-                return [b for b in got if b.get("status") == "firing"]
+                return [b for b in (r.json() for r in receiver.recorded())
+                        if b.get("status") == "firing"]
 
             pages = wait_for("a page at the webhook", paged, 60)
             assert pages[0]["alerts"][0]["labels"]["severity"] == "page"

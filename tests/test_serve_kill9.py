@@ -32,9 +32,9 @@ from test_serve import MODEL, load, stop_process, tight_slo_config, wait_for
 
 from alerts.notifier import Notifier
 from alerts.outbox import Outbox
-from vigil import alerts_cli
 from vigil.config import load_config
 from vigil.conventions import OUTBOX_DONE, OUTBOX_PENDING
+from vigil_shell import alerts_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Seconds the receiver holds a stalled request (the sender is dead long before).
@@ -54,7 +54,7 @@ def _config(path: Path, sim_base: str, hook: str) -> None:
 def _serve(cfg: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "vigil.serve", "--config", str(cfg), "--listen",
+            [sys.executable, "-m", "vigil_shell.serve", "--config", str(cfg), "--listen",
              f"127.0.0.1:{port}"],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
@@ -105,7 +105,7 @@ def test_kill_9_of_serve_during_delivery_then_restart(tmp_path: Path) -> None:
         _config(cfg, sim_base, rec.url)
         try:
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "vigil.cli", "sim", "--replicas", "1", "--port",
+                [sys.executable, "-m", "vigil_shell.cli", "sim", "--replicas", "1", "--port",
                  str(sim_port), "--model", MODEL, "--profile", "small"],
                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             wait_for("sim healthy",
@@ -146,7 +146,7 @@ def test_kill_9_of_serve_during_delivery_then_restart(tmp_path: Path) -> None:
 
             # `vigil alerts --json` from another process, while serve runs.
             listed = subprocess.run(
-                [sys.executable, "-m", "vigil.cli", "alerts", "--config", str(cfg), "--json"],
+                [sys.executable, "-m", "vigil_shell.cli", "alerts", "--config", str(cfg), "--json"],
                 cwd=ROOT, capture_output=True, timeout=30)
             assert listed.returncode == 0, listed.stderr.decode()
             status = json.loads(listed.stdout)
@@ -161,7 +161,7 @@ def test_kill_9_of_serve_during_delivery_then_restart(tmp_path: Path) -> None:
 
             # The plain-text listing of the same outbox.
             text = subprocess.run(
-                [sys.executable, "-m", "vigil.cli", "alerts", "--config", str(cfg)],
+                [sys.executable, "-m", "vigil_shell.cli", "alerts", "--config", str(cfg)],
                 cwd=ROOT, capture_output=True, timeout=30)
             assert text.returncode == 0, text.stderr.decode()
             out = text.stdout.decode()

@@ -176,7 +176,7 @@ def test_streaming_disconnect_aborts_at_once():
         # Leaving the block closes the connection mid-stream.
         wait_until(lambda: _idle(f), "running=0 and kv usage=0 after the disconnect")
         s = metrics(f)
-    # vLLM does not count client aborts (issue #31503): no finished request of any reason.
+    # vLLM does not count client aborts (vllm-project/vllm#31503): no finished request at all.
     assert total(s, "vllm:request_success_total") == 0
     assert total(s, "vllm:request_success_total", finished_reason="abort") == 0
     assert total(s, "vllm:time_to_first_token_seconds_count") == 1

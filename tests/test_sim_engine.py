@@ -85,7 +85,7 @@ def test_natural_output_length_is_deterministic_with_mean_about_200():
     assert natural_output_len(123, 7) == natural_output_len(123, 7)
     lengths = [natural_output_len(d, None) for d in range(4000)]
     assert 180 <= statistics.mean(lengths) <= 220
-    assert len({natural_output_len(5, s) for s in range(20)}) > 10  # the seed matters
+    assert len({natural_output_len(5, s) for s in range(20)}) > 10  # the request's seed matters
 
 
 def test_ignore_eos_min_tokens_and_max_tokens():

@@ -11,9 +11,8 @@ from test_slo_fleet import AT, MODEL, TOKENS_LE, Fleet, vllm_labels
 from collector.store import Store
 from slo.anomaly import histogram_count_above, pool_anomalies, raw_increase
 from slo.embedded import EmbeddedSource
-from slo.sli import RequestRecord
 from vigil.config import parse_config
-from vigil.model import Point
+from vigil.model import Point, RequestRecord
 
 CONFIG = parse_config({"pools": [{"name": "chat", "model": MODEL}]})
 POOL = CONFIG.pools[0]

@@ -132,7 +132,7 @@ def test_table_of_an_extreme_status_still_fits(tmp_path: Path) -> None:
 
 
 def test_gateway_records_feed_the_status_when_the_gateway_ran(tmp_path: Path) -> None:
-    from serving.gateway.records import GatewayRecord, RecordWriter
+    from collector.request_log import GatewayRecord, RecordWriter
 
     path = tmp_path / "vigil.toml"
     path.write_text(CONFIG_TOML)

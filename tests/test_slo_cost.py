@@ -10,8 +10,8 @@ from test_slo_fleet import AT, MODEL, OTHER_MODEL, Fleet, vllm_labels
 from collector.store import Store
 from slo.cost import pool_cost, tier_costs
 from slo.embedded import EmbeddedSource
-from slo.sli import RequestRecord
 from vigil.config import parse_config
+from vigil.model import RequestRecord
 
 CONFIG = parse_config({
     "pools": [{"name": "chat", "model": MODEL, "gpu": "H100", "gpus_per_replica": 2}],

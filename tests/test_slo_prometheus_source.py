@@ -19,16 +19,14 @@ import argparse
 import io
 import json
 import math
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import free_port
+from helpers import Answer, Request, free_port, serve_http
 from prometheus_server import PrometheusServer, PromSeries, prometheus_fixture
 from test_slo_fleet import (
     FINISHED_REASONS,
@@ -42,8 +40,7 @@ from test_slo_fleet import (
     vllm_labels,
 )
 
-from collector import rollup
-from collector.store import Store
+from collector.store import Store, rollup
 from slo.cli import add_arguments, run
 from slo.embedded import EmbeddedSource
 from slo.lookup import eval_time_ms
@@ -342,7 +339,7 @@ def test_cli_json_is_the_same_from_both_sources(
     config = _toml_config(store_dir)
     at = str(TIMES[-4])
     outputs = []
-    for extra in ((), ("--prometheus", prom.base_url)):
+    for extra in ((), ("--prometheus-url", prom.base_url)):
         out = io.StringIO()
         assert run(_cli_args("--config", str(config), "--at", at, "--json", *extra),
                    out=out) == 0
@@ -399,7 +396,7 @@ def test_auto_semantics_follow_the_servers_major_version(
         'promql_semantics = "2"', 'promql_semantics = "auto"'))
     out = io.StringIO()
     run(_cli_args("--config", str(config), "--at", str(TIMES[-1]), "--json",
-                  "--prometheus", prom.base_url), out=out)
+                  "--prometheus-url", prom.base_url), out=out)
     assert json.loads(out.getvalue())["promql_semantics"] == "2"
 
 
@@ -408,35 +405,15 @@ def fake_server() -> Iterator[tuple[str, dict[str, Any]]]:
     """A server answering every GET as ``state`` says: ``(status, content type, body)`` after
     ``delay`` seconds."""
     state: dict[str, Any] = {"delay": 0.0, "answer": (200, "text/plain", b"")}
-    release = threading.Event()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if state["delay"]:
-                release.wait(state["delay"])
-            status, ctype, body = state["answer"]
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-            except (BrokenPipeError, ConnectionResetError):
-                pass
+    def respond(_: Request) -> Answer:
+        if state["delay"]:
+            server.closing.wait(state["delay"])
+        answer: Answer = state["answer"]
+        return answer
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()
+    with serve_http(respond) as server:
+        yield server.url, state
 
 
 def test_a_timeout_is_a_clean_error(fake_server: tuple[str, dict[str, Any]]) -> None:

@@ -22,10 +22,10 @@ from slo.sli import (
     REASON_ENDPOINT,
     REASON_NO_DATA,
     REASON_NO_REQUESTS,
-    RequestRecord,
     error_ratio,
 )
 from slo.spec import SloSpec
+from vigil.model import RequestRecord
 
 TTFT = "vllm:time_to_first_token_seconds"
 E2E = "vllm:e2e_request_latency_seconds"
@@ -49,7 +49,7 @@ def fleet(store: Store) -> Fleet:
     return Fleet(store, span_s=900)
 
 
-def test_ttft_at_the_seed_threshold_is_interpolated_inside_its_bucket(
+def test_ttft_at_the_default_threshold_is_interpolated_inside_its_bucket(
     store: Store, fleet: Fleet
 ) -> None:
     # Per scrape: chat-0 serves 6 first tokens at 0.3 s, 2 at 0.6 s, 2 at 0.9 s; chat-1 10 at

@@ -1,4 +1,4 @@
-"""``effective_slos``: the seed's four per pool, or the configured ones with defaults filled."""
+"""``effective_slos``: the four defaults per pool, or the configured ones with defaults filled."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ POOLS = [
 ]
 
 
-def test_without_slos_every_pool_gets_the_seed_four() -> None:
+def test_without_slos_every_pool_gets_the_default_four() -> None:
     specs = effective_slos(parse_config({"pools": POOLS}))
     assert [s.name for s in specs] == [
         "chat-ttft", "chat-e2e", "chat-error-rate", "chat-availability",
@@ -30,14 +30,14 @@ def test_without_slos_every_pool_gets_the_seed_four() -> None:
     assert specs[4].model == "Qwen/Qwen2.5-7B-Instruct"
 
 
-def test_seed_slos_follow_slo_defaults() -> None:
+def test_default_slos_follow_slo_defaults() -> None:
     cfg = parse_config({"pools": POOLS[:1], "slo_defaults": {
         "ttft_threshold_seconds": 0.5, "ttft_objective": 0.99, "period": "7d"}})
     ttft = effective_slos(cfg)[0]
     assert (ttft.threshold_seconds, ttft.objective, ttft.period_s) == (0.5, 0.99, 7 * 86400.0)
 
 
-def test_configured_slos_replace_the_seed_set_and_take_defaults() -> None:
+def test_configured_slos_replace_the_default_set_and_take_defaults() -> None:
     cfg = parse_config({"pools": POOLS, "slos": [
         {"name": "chat-fast", "pool": "chat", "indicator": "ttft"},
         {"name": "batch-errors", "pool": "batch", "indicator": "error_rate"},

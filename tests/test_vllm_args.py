@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from serving import vllm_launch
 from serving.vllm_args import build_command, histogram_buckets, speculative_config
 from serving.vllm_launch import missing_requirements
-from vigil.cli import main
 from vigil.config import Config, parse_config
 from vigil.errors import ConfigError
+from vigil_shell.cli import main
 
 CONFIG = """
 [[pools]]
@@ -196,24 +197,47 @@ def test_histogram_buckets_keep_every_default_bound() -> None:
     assert histogram_buckets([1.0], [0.8, 10.0]) is None
 
 
-def test_seed_slos_add_08_and_8_seconds() -> None:
+def test_default_slos_add_08_and_8_seconds() -> None:
     cfg = _cfg('[[pools]]\nname = "p"\nmodel = "m"\n')
     argv = build_command(cfg, "p").argv
     buckets = json.loads(argv[argv.index("--custom-histogram-buckets") + 1])
     assert 0.8 in buckets["time_to_first_token"] and 8.0 in buckets["request_latency"]
 
 
+def _pretend(monkeypatch: pytest.MonkeyPatch, *, installed: bool, gpu: bool) -> None:
+    """Make ``vllm-serve`` see vLLM and a GPU as given, whatever this machine has."""
+    monkeypatch.setattr(vllm_launch, "missing_requirements", lambda: missing_requirements(
+        installed=lambda: installed, gpu=lambda: gpu))
+
+
 def test_vllm_serve_fails_clearly_without_vllm_or_gpu(
-        config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    missing = missing_requirements()
-    if not missing:
-        pytest.skip("vllm and a GPU are both present: vllm-serve would really start")
+        config_file: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _pretend(monkeypatch, installed=False, gpu=False)
     assert main(["vllm-serve", "-c", str(config_file), "--pool", "chat"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vigil vllm-serve: error: cannot start vLLM here: ")
     assert "vllm serve meta-llama/Llama-3.1-8B-Instruct" in err
-    for reason in missing:
+    for reason in missing_requirements(installed=lambda: False, gpu=lambda: False):
         assert reason in err
+
+
+def test_vllm_serve_execs_vllm_with_the_profile_when_it_can(
+        config_file: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _pretend(monkeypatch, installed=True, gpu=True)
+    execs: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(vllm_launch.os, "execv", lambda path, argv: execs.append((path, argv)))
+    assert main(["vllm-serve", "-c", str(config_file), "--pool", "big"]) == 0
+    [(path, argv)] = execs
+    command = build_command(_cfg(), "big")
+    expected = command.argv
+    assert path == argv[0]
+    # vLLM's own entry point (a script or ``python -m``), then exactly `vllm-args`' command.
+    assert argv[-(len(expected) - 1):] == expected[1:]
+    err = capsys.readouterr().err
+    assert all(f"# note: {note}" in err for note in command.notes)
+    assert f"vigil vllm-serve: exec {shlex.join(argv)}" in err
 
 
 def test_missing_requirements_name_what_is_missing() -> None:

@@ -1,0 +1,87 @@
+"""What the whole suite shares: one policy for external programs, one loopback HTTP server.
+
+External programs (``prometheus``, ``promtool``, ``prometheus-alertmanager``, ``chromium``)
+are found by ``require_binary``. Where one is missing the test is skipped with the command that
+installs it, except under CI (``CI`` set to ``true``, ``1`` or ``yes``): there a missing
+program is a broken environment, and the test fails with the same command. Either way the
+session summary ends with a line naming every program that was missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+
+import pytest
+from helpers import LoopbackServer
+
+__all__ = ["in_ci", "require_binary"]
+
+#: program name -> the command that installs it, for every program a test asked for in vain.
+_MISSING: dict[str, str] = {}
+
+
+def in_ci() -> bool:
+    """Whether ``CI`` is set to a true value (``true``, ``1``, ``yes``; any case)."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def require_binary(name: str, *, apt: str | None = None, also: Sequence[str] = ()) -> str:
+    """The path of the program ``name`` (searched on ``PATH``, then ``also``: other names or
+    absolute paths), or end the test: fail under CI, skip elsewhere, both with the
+    ``apt-get install`` command of Debian's package ``apt`` (default: ``name``)."""
+    for candidate in (name, *also):
+        found = shutil.which(candidate)
+        if found is not None:
+            return found
+    install = f"apt-get install {apt or name}"
+    _MISSING[name] = install
+    message = f"{name} is not installed ({install})"
+    if in_ci():
+        pytest.fail(f"{message}; CI must run this test", pytrace=False)
+    pytest.skip(message)
+
+
+#: The session's cache folder and the ``XDG_CACHE_HOME`` it replaced.
+_CACHE_KEY = pytest.StashKey[tuple[str | None, str | None]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Point the user cache directory (``XDG_CACHE_HOME``) at a fresh folder for the session.
+
+    The semantic cache exports its embedding model to ONNX under the user's cache directory on
+    first use; the tests (and the gateways they start, which inherit the environment) must
+    neither write into the developer's home nor depend on an export left there earlier.
+    """
+    folder = tempfile.mkdtemp(prefix="vigil-test-cache-")
+    config.stash[_CACHE_KEY] = (folder, os.environ.get("XDG_CACHE_HOME"))
+    os.environ["XDG_CACHE_HOME"] = folder
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder, before = config.stash.get(_CACHE_KEY, (None, None))
+    if folder is None:
+        return
+    if before is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line naming the programs tests were skipped (or failed) for lack of."""
+    if _MISSING:
+        what = ", ".join(f"{name} ({install})" for name, install in sorted(_MISSING.items()))
+        verb = "failed" if in_ci() else "skipped"
+        terminalreporter.write_line(f"{verb} for lack of: {what}")
+
+
+@pytest.fixture
+def http_server() -> Iterator[LoopbackServer]:
+    """A started loopback HTTP server answering 200 with an empty body until the test sets
+    its ``respond``; it records every request and is shut down at teardown."""
+    with LoopbackServer() as server:
+        yield server
