@@ -1,9 +1,9 @@
 """Token cost anomalies: requests with more than ``token_multiplier`` × the mean tokens.
 
-The seed's rule: a request whose token count exceeds 10× the average per request raises an
-alarm. vLLM's metrics have no per-request data, only histograms of prompt and generated tokens
-per finished request, so from them alone we can give a **lower bound** (``"kind":
-"histogram_lower_bound"``), per pool and model over ``[anomaly] window`` (1 h):
+The rule: a request whose token count exceeds ``token_multiplier`` (10 by default) × the
+average per request raises an alarm. vLLM's metrics have no per-request data, only histograms
+of prompt and generated tokens per finished request, so from them alone we can give a **lower
+bound** (``"kind": "histogram_lower_bound"``), per pool and model over ``[anomaly] window`` (1 h):
 
 * mean tokens per request (prompt + generated)::
 

@@ -1,4 +1,4 @@
-"""SLO specs: the configured ``[[slos]]`` with every default filled in, or the seed's four.
+"""SLO specs: the configured ``[[slos]]`` with every default filled in, or the four defaults.
 
 One ``SloSpec`` is the single source of truth for an SLO: the embedded engine evaluates it, and
 the generated Prometheus rules, the alerts and the dashboard are built from the same list
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from vigil.config import Config, PoolConfig, SloConfig
 from vigil.conventions import ENDPOINT_ALL, LATENCY_INDICATORS, SLO_INDICATORS, SLO_NAME_SUFFIXES
 
-__all__ = ["SloSpec", "effective_slos", "seed_slos"]
+__all__ = ["SloSpec", "default_slos", "effective_slos"]
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,8 @@ def _from_config(config: Config, slo: SloConfig) -> SloSpec:
     )
 
 
-def seed_slos(config: Config, pool: PoolConfig) -> list[SloSpec]:
-    """The seed document's four SLOs for one pool, from ``[slo_defaults]``:
+def default_slos(config: Config, pool: PoolConfig) -> list[SloSpec]:
+    """The four default SLOs for one pool, from ``[slo_defaults]``:
     ``<pool>-ttft``, ``<pool>-e2e``, ``<pool>-error-rate``, ``<pool>-availability``; the
     pool's model, every endpoint."""
     return [
@@ -99,7 +99,7 @@ def seed_slos(config: Config, pool: PoolConfig) -> list[SloSpec]:
 def effective_slos(config: Config) -> list[SloSpec]:
     """The SLOs to evaluate: every ``[[slos]]`` entry (in file order) with its missing fields
     taken from ``[slo_defaults]`` and the model from its pool; with no ``[[slos]]`` at all,
-    the seed's four for every pool (in pool order)."""
+    the four defaults for every pool (in pool order)."""
     if config.slos:
         return [_from_config(config, slo) for slo in config.slos]
-    return [spec for pool in config.pools for spec in seed_slos(config, pool)]
+    return [spec for pool in config.pools for spec in default_slos(config, pool)]

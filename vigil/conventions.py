@@ -40,7 +40,7 @@ SCRAPE_ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 USER_AGENT = "vigil-collector/0.1"
 
 # --- SLO engine (slo/): the vLLM series it reads and the names it generates ----------------
-# vLLM 0.33 V1 names (see /work/shared/fixtures/vllm_metrics_reference.md, section 2).
+# vLLM 0.33 V1 names (see tests/fixtures/vllm_metrics_reference.md, section 2).
 #: Histograms (base names: the engine appends ``_bucket``/``_sum``/``_count``).
 VLLM_TTFT = "vllm:time_to_first_token_seconds"
 VLLM_E2E = "vllm:e2e_request_latency_seconds"
@@ -65,7 +65,7 @@ SUFFIX_BUCKET = "_bucket"
 SUFFIX_SUM = "_sum"
 SUFFIX_COUNT = "_count"
 
-#: SLO indicators and the seed SLO names ``<pool>-<suffix>`` (one per indicator, in this order).
+#: SLO indicators and the default SLO names ``<pool>-<suffix>`` (one per indicator, in this order).
 SLO_INDICATORS = ("ttft", "e2e", "error_rate", "availability")
 SLO_NAME_SUFFIXES = {
     "ttft": "ttft", "e2e": "e2e", "error_rate": "error-rate", "availability": "availability",
@@ -168,7 +168,7 @@ SCALED_OBJECT_PREFIX = "vigil"
 #: The label Prometheus adds to every scraped series and the collector does not (dropped).
 LABEL_JOB = "job"
 # vLLM 0.33's default bucket bounds (seconds), from vllm/v1/metrics/buckets.py in the 0.33.0
-# wheel (see /work/shared/fixtures/vllm_metrics_reference.md, section 2). The rules interpolate
+# wheel (see tests/fixtures/vllm_metrics_reference.md, section 2). The rules interpolate
 # between them; `--custom-histogram-buckets` on the server would make them wrong.
 VLLM_TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -249,7 +249,7 @@ ENDPOINT_PATHS = {
 MAX_TOKENS_CLIENT = "client"
 MAX_TOKENS_DEFAULT = "default"
 MAX_TOKENS_CLAMPED = "clamped"
-#: Error classes of a record (slo.sli.RequestRecord.error_class); "" = none. Server-side
+#: Error classes of a record (vigil.model.RequestRecord.error_class); "" = none. Server-side
 #: failures (RequestRecord.error) are ERROR_SERVER_CLASSES; the others are not errors.
 ERROR_TIMEOUT = "timeout"
 ERROR_UPSTREAM_5XX = "upstream_5xx"
@@ -313,7 +313,7 @@ REJECT_UNAUTHORIZED = "unauthorized"
 REJECT_BAD_REQUEST = "bad_request"
 REJECT_TOO_LARGE = "body_too_large"
 REJECT_MODEL_NOT_FOUND = "model_not_found"
-#: Latency buckets (seconds) of the TTFT and e2e histograms: they include the seed's SLO
+#: Latency buckets (seconds) of the TTFT and e2e histograms: they include the default SLO
 #: thresholds, 0.8 s and 8 s, so an SLO reads a bucket instead of interpolating.
 GATEWAY_LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.8, 1.0, 2.5, 5.0, 8.0, 10.0, 20.0, 40.0, 80.0,

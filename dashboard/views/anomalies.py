@@ -1,5 +1,5 @@
 """Anomalies: requests with more than ``[anomaly] token_multiplier`` × the mean tokens per
-request (the seed's 10×), from ``slo.anomaly.pool_anomalies``: exactly, request by request,
+request (10× by default), from ``slo.anomaly.pool_anomalies``: exactly, request by request,
 where the gateway recorded them; else the lower bound vLLM's token histograms allow."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Server: GPU SM utilisation (DCGM), KV-cache usage with the scale-out and admission lines,
+"""Server: GPU SM utilisation (DCGM), KV-cache usage with the scale-out and KV-alert lines,
 queue length and queue time, batch-size distribution, preemptions, prefix-cache hit rate and
 speculative-decoding acceptance where it is on."""
 
@@ -47,11 +47,10 @@ def _kv(pool: PoolConfig, times: list[float]) -> None:
         rows.append((t, "pool mean", kv["mean"]))
         rows += [(t, replica, v) for replica, v in kv["replicas"].items()]
     df = charts.long_frame(rows)
-    s = ctx.config.scaling
+    s, high = ctx.config.scaling, ctx.config.alerts.kv_usage_high
     rules = [Rule(s.scale_out_kv_usage, f"scale out > {fmt.percent(s.scale_out_kv_usage, 0)}",
                   TICKET_COLOR),
-             Rule(s.admission_kv_usage, f"admission limit {fmt.percent(s.admission_kv_usage, 0)}",
-                  PAGE_COLOR)]
+             Rule(high, f"KV alert > {fmt.percent(high, 0)}", PAGE_COLOR)]
     st.markdown("**KV-cache usage** (per replica and the pool mean scaling reads)")
     layout.chart(charts.lines(df, y_title="KV cache used", y_format=".0%", rules=rules), df,
                  "No KV-cache sample in this range.")

@@ -13,7 +13,7 @@ but is a new dependency and can miss the true neighbour. Instead the scan is *pr
   (1/6 of the bytes) bounds every row's similarity, and only rows whose bound exceeds the
   threshold are scored in full. Nothing above the threshold is ever skipped.
 
-With the seed's 0.95 threshold the bound prunes all rows at similarity <= 0.5 to the query,
+With the default 0.95 threshold the bound prunes all rows at similarity <= 0.5 to the query,
 97 % at 0.6, 57 % at 0.7 and none from 0.8; when too many rows survive (a partition of
 near-duplicates) the full scan is used. The cost: the head copy, 17 % more memory.
 

@@ -1,6 +1,6 @@
 """The gateway's errors (leaves of ``vigil.errors.GatewayError``) and their OpenAI-style bodies.
 
-Errors the gateway makes itself follow OpenAI's shape (``../shared/fixtures/
+Errors the gateway makes itself follow OpenAI's shape (``tests/fixtures/
 openai_error_example.json``): ``{"error": {"message", "type", "param", "code"}}`` with a string
 ``type`` such as ``invalid_request_error`` and a string (or null) ``code``. Errors an upstream
 vLLM server returns are passed through as they are (vLLM puts the HTTP status in ``code``).

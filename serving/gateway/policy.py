@@ -1,7 +1,7 @@
 """The max_tokens policy: a server-side default, per-tier caps, never a silent change.
 
 * A request that carries neither ``max_tokens`` nor ``max_completion_tokens`` (absent or null)
-  gets ``max_tokens = [gateway] default_max_tokens`` (the seed's 512; at most the tier's cap).
+  gets ``max_tokens = [gateway] default_max_tokens`` (512 by default; at most the tier's cap).
   This also replaces the completions API's own default of 16 tokens.
 * A value above the tier's ``max_tokens_cap`` is refused with an OpenAI-style 400
   (``over_cap = "reject"``) or lowered to the cap (``"clamp"``); either way the decision is

@@ -18,7 +18,7 @@ When values are recorded (the invariants of the fixture README hold at every scr
   admission to the batch (again after a preemption); ``num_preemptions`` at each preemption.
 
 **Client disconnects are not counted**, exactly as in vLLM: a request aborted because its
-client went away bypasses statistics (``OutputProcessor.abort_requests``; vLLM issue #31503),
+client went away bypasses statistics (``OutputProcessor.abort_requests``; vllm-project/vllm#31503),
 so ``request_success{finished_reason="abort"}`` does not move and the aborted request appears in
 no per-request histogram - although its tokens already generated stay counted in
 ``generation_tokens`` and its TTFT, if it had one, in the TTFT histogram.
