@@ -90,7 +90,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         ) from None
     at = args.at if args.at is not None else time.time()
     # Parse everything first: a bad file must not even create the store.
-    prepared = prepare_ingest(target_info(target), args.files, at=at)
+    prepared = prepare_ingest(target_info(target), args.files, at=at,
+                              backfill_up=not args.no_up)
     s = cfg.store
     with Store(cfg.store_path(), raw_retention_s=s.raw_retention,
                downsampled_retention_s=s.downsampled_retention,
@@ -98,6 +99,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         report = write_ingest(store, prepared)
     for name, mode, n in report.files:
         print(f"{name}: {n} samples ({mode})")
+    if report.up_added:
+        print(f"up = 1 at {report.up_added} backfill timestamps (--no-up to skip)")
     print(f"stored {report.points} points for target {target.name!r} in {cfg.store_path()}")
     return 0
 
@@ -288,6 +291,9 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     add_config_option(p)
     p.add_argument("--target", required=True, help="the target's name in the config")
     add_at_option(p, help="timestamp of a file without sample timestamps (default: now)")
+    p.add_argument("--no-up", action="store_true",
+                   help="store a backfill without `up` as it is; by default it gets up = 1 "
+                        "for the target at each of its timestamps, as its scrapes would have")
     p.add_argument("files", nargs="+", metavar="FILE", help="exposition files; - reads stdin")
     p.set_defaults(func=_cmd_ingest)
 

@@ -11,6 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, data, layout, whatif
+from dashboard import empty_states as empty
 from dashboard import format as fmt
 from dashboard.timeseries import chart_step, chart_times
 from vigil.config import PoolConfig
@@ -26,8 +27,10 @@ def _label(pool: PoolConfig) -> str:
 
 def _cost_over_time(pools: list[PoolConfig], times: list[float], window_s: float) -> None:
     per_1000, per_m, idle = [], [], []
+    costs = []
     for pool in pools:
         for t, cost in data.series(ctx, "cost", times, pool.name, window_s):
+            costs.append(cost)
             per_1000.append((t, _label(pool), cost["per_1000_requests"]))
             per_m.append((t, _label(pool), cost["per_million_output_tokens"]))
             idle.append((t, _label(pool), cost["idle_cost_usd"]))
@@ -36,19 +39,19 @@ def _cost_over_time(pools: list[PoolConfig], times: list[float], window_s: float
         df = charts.long_frame(per_1000)
         st.markdown(f"**GPU cost per 1000 requests** (over {format_duration(window_s)})")
         layout.chart(charts.lines(df, y_title="USD", y_format="$.2f"), df,
-                     "No request finished in this range.")
+                     empty.cost_gap(costs, "per_1000_requests"))
     with right:
         df = charts.long_frame(per_m)
         st.markdown(f"**GPU cost per 1M output tokens** (over {format_duration(window_s)})")
         layout.chart(charts.lines(df, y_title="USD", y_format="$.2f"), df,
-                     "No token was generated in this range.")
+                     empty.cost_gap(costs, "per_million_output_tokens"))
     left, right = st.columns(2, gap="medium")
     with left:
         df = charts.long_frame(idle)
         st.markdown(f"**Idle GPU cost** (up replicas running nothing, per "
                     f"{format_duration(window_s)})")
         layout.chart(charts.lines(df, y_title="USD", y_format="$.2f"), df,
-                     "No replica was up in this range.")
+                     empty.cost_gap(costs, "idle_cost_usd"))
     with right:
         rows = []
         for pool in pools:
@@ -64,7 +67,17 @@ def _cost_over_time(pools: list[PoolConfig], times: list[float], window_s: float
         st.markdown(f"**Generated tokens per request** (mean and p95 over "
                     f"{format_duration(window_s)})")
         layout.chart(charts.lines(df, y_title="tokens", y_format=",.0f"), df,
-                     "No request finished in this range.")
+                     empty.tokens_gap(costs))
+
+
+def _tokens_now(status: Mapping[str, Any], pool: PoolConfig) -> dict[str, str]:
+    """The pool's model's generated tokens per request now: the mean, and the p95 as exact as
+    its source allows (a histogram p95 in a wide 1-2-5 bucket is shown as that bucket)."""
+    model = (status["pools"][pool.name].get("models") or {}).get(pool.model) or {}
+    gen = (model.get("tokens_per_request") or {}).get("generated")
+    return {"generated tokens / request": fmt.tokens((gen or {}).get("mean")),
+            "generated p95": fmt.quantile(gen, "p95", "tokens"),
+            "tokens from": fmt.quantile_origin([gen])}
 
 
 def _now_table(status: Mapping[str, Any], pools: list[PoolConfig]) -> None:
@@ -78,10 +91,13 @@ def _now_table(status: Mapping[str, Any], pools: list[PoolConfig]) -> None:
             "per 1000 requests": cost["per_1000_requests"],
             "per 1M output tokens": cost["per_million_output_tokens"],
             "idle share": cost["idle_share"], "idle cost": cost["idle_cost_usd"],
+            **_tokens_now(status, pool),
         })
     window = status["pools"][pools[0].name]["cost"]["window"] if pools else ""
     st.markdown(f"**Now** (the last {window}, as `vigil slo status` reports it)")
     money = st.column_config.NumberColumn(format="$%.3f")
+    missing = [f"`{pool.name}`: {why}" for pool in pools
+               if (why := empty.missing_cost(status["pools"][pool.name]["cost"]))]
     st.dataframe(pd.DataFrame(rows), hide_index=True, key="cost-now", column_config={
         "USD per GPU-hour": st.column_config.NumberColumn(format="$%.2f"),
         "GPU-hours": st.column_config.NumberColumn(format="%.2f"),
@@ -89,6 +105,8 @@ def _now_table(status: Mapping[str, Any], pools: list[PoolConfig]) -> None:
         "idle cost": money, "requests": st.column_config.NumberColumn(format="%.0f"),
         "idle share": st.column_config.NumberColumn(format="percent"),
     })
+    for line in missing:
+        st.caption(f":material/info: No cost for {line}.")
 
 
 def _gateway(pools: list[PoolConfig], times: list[float], window_s: float, at_s: float
@@ -98,16 +116,20 @@ def _gateway(pools: list[PoolConfig], times: list[float], window_s: float, at_s:
     totals: dict[str, dict[str, float]] = {}
     savings = {"saved_usd": 0.0, "hits": 0.0, "requests": 0.0}
     any_log = False
+    blocks = []
     for pool in pools:
         tiers = data.point(ctx, "tier", end, pool.name, end - start)
         saved = data.point(ctx, "savings", end, pool.name, end - start)
         if tiers is None:
             continue
         any_log = True
+        blocks.append(tiers)
         for tier, v in tiers.items():
+            if v["cost_usd"] is None:
+                continue  # no GPU time known (no `up`): no cost, rather than $0
             acc = totals.setdefault(tier, {"requests": 0.0, "cost_usd": 0.0})
             acc["requests"] += v["requests"] or 0.0
-            acc["cost_usd"] += v["cost_usd"] or 0.0
+            acc["cost_usd"] += v["cost_usd"]
         for k in savings:
             savings[k] += saved[k]
     if not any_log:
@@ -124,7 +146,7 @@ def _gateway(pools: list[PoolConfig], times: list[float], window_s: float, at_s:
                     "included, split by the GPU time of each tier's requests)")
         layout.chart(charts.bars(df, x="tier", y="per 1000 requests", x_title="tier",
                                  y_title="USD", y_format="$.3f") if not df.empty else None, df,
-                     "No tiered request in this range.")
+                     empty.tier_gap(blocks))
     with right:
         st.metric("Saved by the semantic cache", fmt.usd(savings["saved_usd"]),
                   help="What the cache hits would have cost on a replica, over the range.")
@@ -132,15 +154,17 @@ def _gateway(pools: list[PoolConfig], times: list[float], window_s: float, at_s:
         st.caption(f"{fmt.count(savings['hits'])} hits of {fmt.count(savings['requests'])} "
                    f"requests ({fmt.percent(share)})")
     rows = []
+    blocks = []
     for pool in pools:
         for t, tiers in data.series(ctx, "tier", times, pool.name, window_s):
+            blocks.append(tiers)
             for tier, v in (tiers or {}).items():
                 rows.append((t, f"{pool.name} {tier}", v["per_1000_requests"]))
     df = charts.long_frame(rows)
     st.markdown(f"**Per tier over time** (cost per 1000 requests over "
                 f"{format_duration(window_s)})")
     layout.chart(charts.lines(df, y_title="USD", y_format="$.3f"), df,
-                 "No tiered request in this range.")
+                 empty.tier_gap(blocks))
 
 
 def _what_if(status: Mapping[str, Any], pools: list[PoolConfig]) -> None:
@@ -170,6 +194,9 @@ def _what_if(status: Mapping[str, Any], pools: list[PoolConfig]) -> None:
                f"{cost['window']}, served by {fmt.count(observed)} replica(s) on average "
                f"({pool.gpus_per_replica} × {pool.gpu} each). Fewer replicas only hold if they "
                "keep the SLOs: see the scaling recommendation on the Overview.")
+    if observed is None:
+        st.caption(":material/info: No observed replica count: "
+                   f"{empty.no_up(one_pool=True, where='the cost window')}.")
 
 
 def body() -> None:

@@ -74,7 +74,8 @@ def _queue(pool: PoolConfig, times: list[float], window_s: float) -> None:
         df = charts.long_frame(rows)
         st.markdown(f"**Queue time** (p50 / p95 / p99 over {format_duration(window_s)})")
         layout.chart(charts.lines(df, y_title="seconds", y_format=".2f"), df,
-                     "No request left the queue in this range.")
+                     f"No `{VLLM_QUEUE_TIME}` observation (a request leaving the queue) in "
+                     "this range.")
 
 
 def _engine(pool: PoolConfig, times: list[float], window_s: float, at_s: float) -> None:
@@ -91,7 +92,7 @@ def _engine(pool: PoolConfig, times: list[float], window_s: float, at_s: float) 
                                  x_title="tokens per step", y_title="share of steps",
                                  y_format=".0%", sort=list(df["tokens per step"])
                                  if not df.empty else None) if not df.empty else None, df,
-                     "No engine step in this range.")
+                     f"No `{VLLM_ITERATION_TOKENS}` observation (engine step) in this range.")
     with right:
         df = charts.long_frame([(t, "preemptions", None if v is None else v * 60)
                                 for t, v in data.series(ctx, "rate", times, pool.name,
