@@ -1,17 +1,21 @@
 """The what-if panel: cost per 1000 requests at another price or replica count, same traffic.
 
-``slo.cost.pool_cost`` prices what happened: ``gpu_hours = Σ up-share × window × GPUs per
-replica``, ``cost = gpu_hours × price``, ``per 1000 = cost / requests × 1000``. The question
-"what if we ran N replicas at $P per GPU-hour" replaces the observed up-share by N and the
-price by P and keeps the observed requests. ``observed_replicas`` inverts the first formula so
-that the panel starts from what the engine measured (and then gives back the engine's own
-``per_1000_requests``; a test checks it).
+``slo.cost.pool_cost`` prices what happened: each replica is billed for the time it ran
+(``slo.cost.up_seconds``: its ``up == 1`` samples × its scrape interval), ``gpu_hours = Σ
+replica seconds / 3600 × GPUs per replica``, ``cost = gpu_hours × price``, ``per 1000 = cost /
+requests × 1000``. The question "what if we ran N replicas at $P per GPU-hour" bills N replicas
+for the whole window at P, through the same ``slo.cost.gpu_hours_of``, and keeps the observed
+requests. ``observed_replicas`` is the mean number of replicas that ran (1.5 for a pool that
+went from 1 to 2 replicas half way through the window), so that the panel starts from what the
+engine measured (and then gives back the engine's own ``per_1000_requests``; a test checks it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from slo.cost import gpu_hours_of
 
 __all__ = ["observed_replicas", "per_1000_requests"]
 
@@ -28,14 +32,14 @@ def per_1000_requests(*, requests: float | None, window_s: float, replicas: floa
                          f"(got {replicas!r}, {usd_per_gpu_hour!r}, {window_s!r})")
     if requests is None or requests <= 0:
         return None
-    gpu_hours = replicas * gpus_per_replica * window_s / _SECONDS_PER_HOUR
-    return gpu_hours * usd_per_gpu_hour / requests * 1000.0
+    return gpu_hours_of(replicas * window_s, gpus_per_replica) * usd_per_gpu_hour \
+        / requests * 1000.0
 
 
 def observed_replicas(cost: Mapping[str, Any], window_s: float, gpus_per_replica: int
                       ) -> float | None:
-    """The mean number of up replicas over the cost window, from the engine's ``gpu_hours``
-    (``None`` when it has none)."""
+    """The mean number of replicas that ran over the cost window (replica-seconds billed ÷
+    window), from the engine's ``gpu_hours``; ``None`` when it has none."""
     hours = cost.get("gpu_hours")
     if hours is None or window_s <= 0:
         return None

@@ -1,9 +1,14 @@
 """What a pool costs over a window, and per 1000 requests and per million output tokens.
 
 GPU time is what is paid for, busy or idle: an up replica costs its GPUs' hourly price whether
-it serves requests or not. So, over the window ``w`` (``[engine] cost_window``, 1 h)::
+it serves requests or not. A replica is billed for the time it ran: each ``up == 1`` sample of a
+vLLM target stands for one scrape interval of that target (the time since its previous scrape,
+when scraped on schedule). A replica that appeared 30 minutes ago has 30 minutes of samples and
+costs 30 minutes; a scrape gap (no samples) and a down replica (``up == 0``) cost nothing. So,
+over the window ``w`` (``[engine] cost_window``, 1 h), per target::
 
-    gpu_hours  = sum(avg_over_time(up{pool, kind="vllm"}[w])) × w / 3600 × gpus_per_replica
+    up_seconds = min(count of up == 1 samples in w × interval, w)
+    gpu_hours  = sum(up_seconds) / 3600 × gpus_per_replica
     cost_usd   = gpu_hours × prices[pool.gpu]
     requests   = sum(increase(vllm:request_success_total{pool, kind="vllm"}[w]))   (all reasons)
     output_tokens = sum(increase(vllm:generation_tokens_total{pool, kind="vllm"}[w]))
@@ -12,9 +17,21 @@ it serves requests or not. So, over the window ``w`` (``[engine] cost_window``, 
     idle_share = share of the pool's vllm:num_requests_running samples in w that are 0
     idle_cost_usd = cost_usd × idle_share
 
-``avg_over_time(up)`` only sees the time a target was scraped: a target the collector scrapes
-all along (every configured target) counts its down time as ``up = 0``, but a target that
-first appears mid-window (service discovery) counts as if it had been there all window.
+``interval`` is the target's configured scrape interval (``[[targets]] scrape_interval``, else
+``[collector] scrape_interval``), the series' ``instance`` being the target's name. A series of
+no configured target (one a Prometheus discovered) takes the median spacing of its samples in
+the window (with at least ``MIN_SAMPLES_FOR_SPACING`` samples; else ``[collector]
+scrape_interval``), never more than ``[engine] lookback``: no sample counts for longer than
+PromQL would see it. The ``min(…, w)`` keeps a window's edge sample from billing more than the
+window. In PromQL, per target: ``clamp_max(sum_over_time(up[w]) * interval, w)``
+(``alerts.rules_promql.gpu_cost_expr``; equal to this for every configured target).
+
+History the store has downsampled (``slo.source.Downsampled``: older than ``[store]
+raw_retention``, one sample per ``[store] resolution`` bucket) bills each kept sample for
+``max(interval, resolution)``, the bucket it stands for.
+
+With ``[[pools]] bill_down_time = true`` every sample counts, ``up == 0`` too
+(``count_over_time(up[w])``): for fleets whose crashed pods keep their GPUs.
 
 Anything without data is ``None``, never 0 (e.g. ``per_1000_requests`` with no requests).
 
@@ -34,17 +51,20 @@ Units: USD, GPU-hours, seconds.
 
 from __future__ import annotations
 
+import itertools
 import math
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
 from slo.aggregate import sum_by
 from slo.quantiles import finite_or_none
 from slo.sli import RequestLog, vllm_matchers
-from slo.source import Source
+from slo.source import Downsampled, Source
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
     ERROR_REFUSED_CLASSES,
+    LABEL_INSTANCE,
     LABEL_MODEL_NAME,
     SERIES_UP,
     VLLM_GENERATION_TOKENS,
@@ -52,21 +72,88 @@ from vigil.conventions import (
     VLLM_REQUESTS_RUNNING,
 )
 from vigil.durations import format_duration
-from vigil.model import RequestRecord
+from vigil.model import Labels, RequestRecord
 
-__all__ = ["gpu_hours", "idle_share", "pool_cost", "tier_costs"]
+__all__ = [
+    "MIN_SAMPLES_FOR_SPACING",
+    "coverage_interval",
+    "gpu_hours",
+    "gpu_hours_of",
+    "idle_share",
+    "pool_cost",
+    "tier_costs",
+    "up_seconds",
+]
 
 _SECONDS_PER_HOUR = 3600.0
+#: Fewest samples whose median spacing stands for an unknown scrape interval: with fewer, one
+#: gap (a restart, a missed scrape) could be the median.
+MIN_SAMPLES_FOR_SPACING = 4
 
 
-def gpu_hours(source: Source, pool: PoolConfig, at_s: float, window_s: float) -> float | None:
-    """GPU-hours the pool's vLLM targets were up in the window (idle time included);
-    ``None`` when no target of the pool was scraped in it."""
-    per_target = source.avg_over_time(SERIES_UP, vllm_matchers(pool.name), at_s, window_s)
+def coverage_interval(
+    configured_s: float | None, ts_ms: Sequence[int], default_s: float, lookback_s: float
+) -> float:
+    """Seconds one sample of a target stands for: ``configured_s`` (its scrape interval) when
+    known; else the median spacing of its samples ``ts_ms`` (Unix ms, in order) when there are
+    at least ``MIN_SAMPLES_FOR_SPACING``, else ``default_s``; at most ``lookback_s``."""
+    if configured_s is not None:
+        return min(configured_s, lookback_s)
+    if len(ts_ms) >= MIN_SAMPLES_FOR_SPACING:
+        spacing = statistics.median(b - a for a, b in itertools.pairwise(ts_ms)) / 1000.0
+        if spacing > 0:
+            return min(spacing, lookback_s)
+    return min(default_s, lookback_s)
+
+
+def up_seconds(
+    source: Source, config: Config, pool: PoolConfig, at_s: float, window_s: float
+) -> dict[Labels, float]:
+    """Per vLLM target of the pool (keyed by its ``up`` series' labels): the seconds it is
+    billed for in the window, ``min(samples × interval, window)`` (see the module docstring;
+    ``up == 1`` samples only unless ``pool.bill_down_time``). Targets without a sample in the
+    window are absent; a target down all window is 0."""
+    configured = {t.name: config.scrape_interval(t) for t in config.targets
+                  if t.pool == pool.name}
+    thinned = source.downsampled() if isinstance(source, Downsampled) else None
+    out: dict[Labels, float] = {}
+    series = source.samples(SERIES_UP, vllm_matchers(pool.name), at_s, window_s)
+    for labels, points in series.items():
+        pts = [p for p in points if p.value is not None and not math.isnan(p.value)]
+        if not pts:
+            continue
+        billed = pts if pool.bill_down_time else [p for p in pts if p.value == 1.0]
+        interval = coverage_interval(
+            configured.get(dict(labels).get(LABEL_INSTANCE, "")),
+            [p.ts_ms for p in pts], config.collector.scrape_interval, config.engine.lookback,
+        )
+        before_ms, resolution_s = thinned if thinned is not None else (None, 0.0)
+        old = 0 if before_ms is None else sum(1 for p in billed if p.ts_ms < before_ms)
+        if old:
+            # Downsampled history: each kept sample is the last of its bucket.
+            seconds = (len(billed) - old) * interval + old * max(interval, resolution_s)
+        else:
+            # The same IEEE operations as clamp_max(sum_over_time(up[w]) * interval, w).
+            seconds = float(len(billed)) * interval
+        out[labels] = min(seconds, window_s)
+    return out
+
+
+def gpu_hours_of(replica_seconds: float, gpus_per_replica: int) -> float:
+    """GPU-hours of ``replica_seconds`` seconds of replica time (``/ 3600 × GPUs``, the
+    generated rule's order of operations)."""
+    return replica_seconds / _SECONDS_PER_HOUR * gpus_per_replica
+
+
+def gpu_hours(
+    source: Source, config: Config, pool: PoolConfig, at_s: float, window_s: float
+) -> float | None:
+    """GPU-hours the pool's vLLM targets ran in the window (idle time included; down time
+    only with ``bill_down_time``); ``None`` when no target of the pool was scraped in it."""
+    per_target = up_seconds(source, config, pool, at_s, window_s)
     if not per_target:
         return None
-    up_share = sum_by(per_target, (), source.semantics)[()]  # sum(avg_over_time(up[w]))
-    return up_share * window_s / _SECONDS_PER_HOUR * pool.gpus_per_replica
+    return gpu_hours_of(sum_by(per_target, (), source.semantics)[()], pool.gpus_per_replica)
 
 
 def idle_share(source: Source, pool: PoolConfig, at_s: float, window_s: float) -> float | None:
@@ -145,7 +232,7 @@ def pool_cost(
     ``request_log``: the gateway's, for ``by_tier`` and ``cache_savings_usd``."""
     w = config.engine.cost_window if window_s is None else window_s
     price = config.prices[pool.gpu]  # parse_config guarantees a price for every pool's GPU
-    hours = gpu_hours(source, pool, at_s, w)
+    hours = gpu_hours(source, config, pool, at_s, w)
     cost = None if hours is None else hours * price
     m = vllm_matchers(pool.name)
     requests = source.increase(VLLM_REQUEST_SUCCESS, m, at_s, w).get(())

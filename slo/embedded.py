@@ -332,6 +332,12 @@ class EmbeddedSource:
                 ]
         return out
 
+    def downsampled(self) -> tuple[int, float] | None:
+        """``(before_ms, resolution_s)``: the store keeps one sample per ``resolution_s``
+        bucket below ``before_ms`` (``slo.source.Downsampled``); ``None`` while it keeps all."""
+        before = self.store.downsampled_before_ms()
+        return None if before is None else (before, self.store.resolution_s)
+
     def _windows(
         self, metric: str, matchers: Matchers, at_s: float, range_s: float
     ) -> Iterable[tuple[Labels, Window]]:

@@ -15,6 +15,9 @@ method                 PromQL
 ``samples``            ``<metric>{<m>}[<range>]`` (raw samples, per series)
 =====================  =====================================================================
 
+A source that thins old samples out (the embedded store's downsampling) also implements
+``Downsampled``, so that what counts samples (``slo.cost``) knows how long each one stands for.
+
 Times are Unix seconds (float), windows seconds. Results are keyed by ``Labels`` (sorted label
 pairs): the ``by`` labels for aggregations, the full label set for per-series results. A series or
 group that PromQL would leave out of the result (fewer than two samples in the window, no sample
@@ -30,7 +33,7 @@ from slo.lookup import Semantics
 from slo.quantile import Bucket
 from vigil.model import Labels, Point
 
-__all__ = ["Matchers", "Source"]
+__all__ = ["Downsampled", "Matchers", "Source"]
 
 #: Equality label matchers, ``{"pool": "chat", "kind": "vllm"}``. An empty value matches series
 #: without that label, as in PromQL.
@@ -76,4 +79,15 @@ class Source(Protocol):
         self, metric: str, matchers: Matchers, at_s: float, range_s: float
     ) -> dict[Labels, list[Point]]:
         """The raw samples of ``metric{matchers}[range]`` at ``at_s`` (stale markers dropped)."""
+        ...
+
+
+@runtime_checkable
+class Downsampled(Protocol):
+    """A source whose older samples are one per bucket (the embedded store after
+    ``compact()``); a Prometheus keeps every scrape and does not implement this."""
+
+    def downsampled(self) -> tuple[int, float] | None:
+        """``(before_ms, resolution_s)``: samples older than ``before_ms`` (Unix ms) are the
+        last of their ``resolution_s`` bucket; ``None`` while none is."""
         ...

@@ -1,17 +1,23 @@
-"""Cost per pool, hand-computed: GPU-hours from ``up``, per 1000 requests, idle share."""
+"""Cost per pool, hand-computed: GPU-hours from ``up``, per 1000 requests, idle share.
+
+A replica is billed for the time it ran: each ``up == 1`` sample stands for one scrape
+interval, so replicas joining or leaving mid-window, scrape gaps and down stretches each cost
+what they ran (hand-computed below).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from test_slo_fleet import AT, MODEL, OTHER_MODEL, Fleet, vllm_labels
+from test_slo_fleet import AT, MODEL, OTHER_MODEL, Fleet, target_labels, vllm_labels
 
 from collector.store import Store
-from slo.cost import pool_cost, tier_costs
+from dashboard import whatif
+from slo.cost import coverage_interval, gpu_hours, pool_cost, tier_costs, up_seconds
 from slo.embedded import EmbeddedSource
-from vigil.config import parse_config
-from vigil.model import RequestRecord
+from vigil.config import Config, parse_config
+from vigil.model import RequestRecord, SeriesKey, labels_of
 
 CONFIG = parse_config({
     "pools": [{"name": "chat", "model": MODEL, "gpu": "H100", "gpus_per_replica": 2}],
@@ -155,3 +161,174 @@ def test_tier_costs_skip_refused_requests_and_sum_savings_per_tier() -> None:
     assert by_tier["premium"]["cost_usd"] == pytest.approx(3.0)
     assert by_tier["standard"]["per_1000_requests"] == pytest.approx(1.0 / 2 * 1000)
     assert saved == pytest.approx(0.002)
+
+
+# --- billed for the time it ran ---------------------------------------------------------------
+def _targets_config(*targets: dict[str, object], **pool: object) -> Config:
+    """One H100 pool "chat" (1 GPU per replica, $4/GPU-hour) with the given targets."""
+    return parse_config({
+        "pools": [{"name": "chat", "model": MODEL, **pool}],
+        "targets": [{"url": f"http://127.0.0.1:{9 + i}/metrics", "pool": "chat", **t}
+                    for i, t in enumerate(targets)],
+        "prices": {"H100": 4.0},
+    })
+
+
+SCALED = _targets_config({"name": "chat-0"}, {"name": "chat-1"})
+
+
+def _up(store: Store, instance: str, times_s: list[float], value: float = 1.0,
+        down: range = range(0)) -> None:
+    """``up`` of ``instance`` at ``times_s`` (Unix seconds): ``value``, 0 at indexes ``down``."""
+    key = SeriesKey("up", labels_of(target_labels(instance)))
+    store.write([(key, "gauge", round(t * 1000), 0.0 if i in down else value)
+                 for i, t in enumerate(times_s)])
+
+
+def _every(step_s: float, first_s: float, last_s: float = AT) -> list[float]:
+    """Scrape times from ``first_s`` to ``last_s`` (inclusive) every ``step_s`` seconds."""
+    n = int((last_s - first_s) // step_s)
+    return [first_s + k * step_s for k in range(n + 1)]
+
+
+def _hours(store: Store, config: Config = SCALED, semantics: str = "3") -> float | None:
+    return gpu_hours(EmbeddedSource(store, semantics=semantics), config, config.pools[0], AT,
+                     3600.0)
+
+
+def test_a_replica_joining_half_way_costs_half_the_window(store: Store) -> None:
+    # chat-0 all hour: 240 samples in (AT - 1h, AT]; chat-1 started at AT - 30m, first scraped
+    # 5 s later: samples AT - 1795 ... AT - 10, 120 of them. 240 + 120 samples × 15 s = 1.5 h
+    # (a whole window for each would be 2.0).
+    _up(store, "chat-0", _every(15.0, AT - 3900))
+    _up(store, "chat-1", _every(15.0, AT - 1795, AT - 10))
+    hours = _hours(store)
+    assert hours == 1.5
+    cost = pool_cost(EmbeddedSource(store), SCALED, SCALED.pools[0], AT)
+    assert cost["cost_usd"] == 6.0
+
+
+def test_a_replica_leaving_half_way_costs_the_half_it_ran(store: Store) -> None:
+    # chat-1 scraped from before the window until AT - 1800: in the window AT - 3585 ... AT - 1800,
+    # 120 samples = 30 minutes.
+    _up(store, "chat-0", _every(15.0, AT - 3900))
+    _up(store, "chat-1", _every(15.0, AT - 3900, AT - 1800))
+    assert _hours(store) == 1.5
+
+
+def test_a_replica_joining_is_within_one_scrape_interval_whatever_its_phase(
+    store: Store,
+) -> None:
+    # Started at AT - 1800 + 0.4 s, first scraped at once: samples AT - 1799.6 + 15k, 120 of
+    # them: 1800 s billed for 1799.6 s run.
+    _up(store, "chat-1", _every(15.0, AT - 1799.6))
+    hours = _hours(store)
+    assert hours is not None and abs(hours - 1799.6 / 3600) <= 15 / 3600
+    assert hours == 120 * 15 / 3600
+
+
+def test_a_scrape_gap_is_not_billed(store: Store) -> None:
+    # No sample in (AT - 2400, AT - 1800]: 40 scrapes missing, 200 left = 50 minutes.
+    times = [t for t in _every(15.0, AT - 3900) if not AT - 2400 < t <= AT - 1800]
+    _up(store, "chat-0", times)
+    assert _hours(store, _targets_config({"name": "chat-0"})) == pytest.approx(200 * 15 / 3600)
+
+
+def test_down_time_is_not_billed_unless_the_pool_says_so(store: Store) -> None:
+    # 20 minutes of up == 0 (80 of the window's 240 samples): 160 × 15 s billed; with
+    # bill_down_time every sample is: the whole hour.
+    times = _every(15.0, AT - 3900)
+    first = times.index(AT - 3585)
+    _up(store, "chat-0", times, down=range(first + 100, first + 180))
+    assert _hours(store, _targets_config({"name": "chat-0"})) == pytest.approx(160 * 15 / 3600)
+    billing = _targets_config({"name": "chat-0"}, bill_down_time=True)
+    assert _hours(store, billing) == 1.0
+
+
+def test_a_target_down_all_window_costs_zero_not_none(store: Store) -> None:
+    _up(store, "chat-0", _every(15.0, AT - 3900), value=0.0)
+    assert _hours(store, _targets_config({"name": "chat-0"})) == 0.0
+
+
+def test_each_target_is_billed_at_its_own_interval(store: Store) -> None:
+    # chat-1 is scraped every 30 s: 120 samples × 30 s = 1 h, as chat-0's 240 × 15 s.
+    config = _targets_config({"name": "chat-0"}, {"name": "chat-1", "scrape_interval": "30s"})
+    _up(store, "chat-0", _every(15.0, AT - 3900))
+    _up(store, "chat-1", _every(30.0, AT - 3900))
+    assert _hours(store, config) == 2.0
+
+
+def test_gpus_per_replica_multiply_and_price_follows(store: Store) -> None:
+    config = _targets_config({"name": "chat-0"}, {"name": "chat-1"}, gpus_per_replica=4)
+    _up(store, "chat-0", _every(15.0, AT - 3900))
+    _up(store, "chat-1", _every(15.0, AT - 1795, AT - 10))
+    cost = pool_cost(EmbeddedSource(store), config, config.pools[0], AT)
+    assert cost["gpu_hours"] == 6.0
+    assert cost["cost_usd"] == 24.0
+
+
+def test_the_window_edge_sample_never_bills_more_than_the_window(store: Store) -> None:
+    # Prometheus 2's range includes its left edge: 241 samples in [AT - 1h, AT], 3615 s,
+    # billed as the window's 3600 s (clamp_max in the rule).
+    _up(store, "chat-0", _every(15.0, AT - 3900))
+    config = _targets_config({"name": "chat-0"})
+    assert _hours(store, config, semantics="2") == 1.0
+    assert _hours(store, config, semantics="3") == 1.0
+
+
+def test_a_series_of_no_configured_target_takes_its_median_spacing(store: Store) -> None:
+    # "chat-9" is in no [[targets]] entry (a Prometheus discovered it): every 30 s, with one
+    # missed scrape; the median spacing is 30 s, so 119 samples cost 119 × 30 s.
+    times = [t for t in _every(30.0, AT - 3900) if t != AT - 1800]
+    _up(store, "chat-9", times)
+    per = up_seconds(EmbeddedSource(store), SCALED, SCALED.pools[0], AT, 3600.0)
+    assert list(per.values()) == [119 * 30.0]
+
+
+def test_an_unknown_interval_is_never_more_than_the_lookback() -> None:
+    every_10m = [k * 600_000 for k in range(6)]
+    assert coverage_interval(None, every_10m, 15.0, 300.0) == 300.0
+    assert coverage_interval(None, every_10m[:3], 15.0, 300.0) == 15.0  # too few: the default
+    assert coverage_interval(30.0, every_10m, 15.0, 300.0) == 30.0  # configured wins
+
+
+def test_the_what_if_panel_starts_from_the_replicas_that_ran(store: Store) -> None:
+    _up(store, "chat-0", _every(15.0, AT - 3900))
+    _up(store, "chat-1", _every(15.0, AT - 1795, AT - 10))
+    _fleet_requests(store)
+    cost = pool_cost(EmbeddedSource(store), SCALED, SCALED.pools[0], AT)
+    replicas = whatif.observed_replicas(cost, 3600.0, 1)
+    assert replicas == 1.5
+    again = whatif.per_1000_requests(requests=cost["requests"], window_s=3600.0,
+                                     replicas=replicas, gpus_per_replica=1, usd_per_gpu_hour=4.0)
+    assert again == pytest.approx(cost["per_1000_requests"], rel=1e-12)
+    assert cost["per_1000_requests"] == pytest.approx(6.0 / 2400 * 1000)
+
+
+def _fleet_requests(store: Store) -> None:
+    fleet = Fleet(store)
+    fleet.requests(vllm_labels("chat-0"), {"stop": 10})  # 10 per 15 s: 2400 an hour
+    fleet.flush()
+
+
+def test_downsampled_history_bills_each_kept_sample_for_its_bucket(tmp_path: Path) -> None:
+    # 6 h of 15 s scrapes; compaction keeps the last sample per minute of what is older than
+    # 2 h: an hour there has 60 samples, each standing for its 60 s bucket, so 1 h still.
+    with Store(tmp_path / "v.db", raw_retention_s=7200, resolution_s=60) as s:
+        _up(s, "chat-0", _every(15.0, AT - 6 * 3600))
+        s.compact(now=AT)
+        source = EmbeddedSource(s)
+        before_ms, resolution = source.downsampled() or (0, 0.0)
+        assert before_ms <= round((AT - 7200) * 1000) and resolution == 60.0
+        config = _targets_config({"name": "chat-0"})
+        old = AT - 4 * 3600
+        assert [len(pts) for pts in source.samples("up", {}, old, 3600.0).values()] == [60]
+        assert gpu_hours(source, config, config.pools[0], old, 3600.0) == 1.0
+        # Straddling the boundary: raw and kept samples each for what they stand for.
+        edge = AT - 7200 + 1800
+        assert gpu_hours(source, config, config.pools[0], edge, 3600.0) == 1.0
+        assert gpu_hours(source, config, config.pools[0], AT, 3600.0) == 1.0
+
+
+def test_a_store_that_never_compacted_is_not_downsampled(store: Store) -> None:
+    assert EmbeddedSource(store).downsampled() is None

@@ -18,7 +18,7 @@ from collector.store.compaction import CompactionReport, Compactor
 from collector.store.head import WriteHead
 from collector.store.reads import Reader
 from collector.store.rollup import CounterWindow, GaugeWindow
-from collector.store.schema import open_database, read_meta
+from collector.store.schema import K_BACKFILL, K_WATERMARK, open_database, read_meta
 from vigil.clock import Clock, system_clock
 from vigil.errors import StoreError
 from vigil.model import Point, SeriesKey, TargetHealth
@@ -97,6 +97,18 @@ class Store:
     def _meta(self) -> dict[str, str]:
         """The ``meta`` rows (schema version, watermarks), for tests and tools."""
         return read_meta(self._db.conn)
+
+    def downsampled_before_ms(self) -> int | None:
+        """Unix ms below which ``compact()`` has thinned every series to its last sample per
+        ``resolution_s`` bucket (a backfill below the watermark lowers it until the next
+        compaction); ``None`` while nothing is downsampled."""
+        with self._db.lock, self._db.errors_as("read the downsampling watermark"):
+            meta = read_meta(self._db.conn)
+        if K_WATERMARK not in meta:
+            return None
+        before = int(meta[K_WATERMARK])
+        backfill = meta.get(K_BACKFILL)
+        return before if backfill is None else min(before, int(backfill))
 
     # --- writing ---------------------------------------------------------------------------
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
