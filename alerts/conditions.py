@@ -20,7 +20,9 @@ The conditions (every threshold from the config):
 alertname                       severity  fires when
 ==============================  ========  ===============================================
 ErrorBudgetBurn                 page /    a row of ``[engine] burn_rate_alerts`` of that
-                                ticket    severity fires (``slos[].alerts``)
+                                ticket    severity fires (``slos[].alerts``), at the factor
+                                          of the SLO's period
+                                          (``slos[].burn_rate_alerts``)
 ErrorBudgetLow                  ticket    ``budget_remaining < [alerts] budget_low_ratio``
 KvCacheUsageHigh (per replica)  ticket    ``kv_cache_usage_perc > [alerts] kv_usage_high``
                                           for ``[alerts] kv_usage_high_for``
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alerts.model import Alert
+from slo.burn_rate import status_burn_alerts
 from vigil.config import Config
 from vigil.conventions import (
     ALERT_ERROR_BUDGET_BURN,
@@ -112,7 +115,6 @@ def _base_labels(name: str, severity: str, pool: str, model: str, slo: str = "")
 
 def _burn_alerts(config: Config, status: Mapping[str, Any]) -> list[_Candidate]:
     """ErrorBudgetBurn (page / ticket) and ErrorBudgetLow, from ``status["slos"]``."""
-    table = config.engine.burn_rate_alerts
     dashboard = config.alerts.dashboard_url
     low = config.alerts.budget_low_ratio
     out: list[_Candidate] = []
@@ -124,9 +126,11 @@ def _burn_alerts(config: Config, status: Mapping[str, Any]) -> list[_Candidate]:
         def burn(w: float, windows: Mapping[str, Any] = windows) -> float | None:
             return (windows.get(format_duration(w)) or {}).get("burn_rate")
 
+        table = status_burn_alerts(slo, config.engine.burn_rate_alerts) \
+            if slo.get("alerts") else []
         for severity in dict.fromkeys(slo.get("alerts") or []):
-            # The rows of this severity that fire: both windows strictly above the factor,
-            # as slo.burn_rate decides; they give the numbers of the description.
+            # The rows of this severity that fire: both windows strictly above the SLO's
+            # factor, as slo.burn_rate decides; they give the numbers of the description.
             rows = []
             for r in table:
                 if r.severity != severity:

@@ -12,10 +12,12 @@ rules (``semantics="2"``), through ``SeriesSource``, an in-memory ``slo.source.S
 The fleet of pool ``p``: replica ``R0`` (the pool's first vLLM target, else ``p-0``) serves
 every model of the pool's SLOs for two hours, one sample a minute, with fixed traffic per
 minute (``TRAFFIC``): 2 % errors, a TTFT and an e2e mix around the default thresholds, KV-cache
-usage 0.95, 7 requests waiting. Replica ``R1`` (the second target, else ``p-1``) is down all
-along (``up`` 0, no vLLM series). With the default SLOs this pages on availability (burn 100),
-files tickets on the error rate and TTFT, leaves e2e alone, and raises ``KvCacheUsageHigh``,
-``TargetDown`` and ``ErrorBudgetLow``.
+usage 0.95, 7 requests waiting; its API server answers 49 POSTs with a 2xx and the
+unstreamed error with a 500 (``http_requests_total``), so that request is one finished error
+and one 5xx, counted once. Replica ``R1`` (the second target, else ``p-1``) is down all along
+(``up`` 0, no vLLM series). With the default SLOs this files tickets on availability (2 % of
+the answers are 5xx), the error rate and TTFT, leaves e2e alone, and raises
+``KvCacheUsageHigh``, ``TargetDown`` and ``ErrorBudgetLow``.
 
 Counters start at 0 and grow by whole numbers, and the evaluation time sits between two
 samples: then a range's left edge never falls on a sample, and Prometheus 3.x (left-open
@@ -28,7 +30,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from alerts.rules_model import Rule, RuleGroup, prom_duration
@@ -50,8 +52,11 @@ from vigil.conventions import (
     FILE_ALERT_RULES,
     FILE_SLO_RULES,
     FINISHED_REASON_ERROR,
+    HTTP_METHOD_POST,
     KIND_VLLM,
     LABEL_FINISHED_REASON,
+    LABEL_HTTP_METHOD,
+    LABEL_HTTP_STATUS,
     LABEL_INSTANCE,
     LABEL_KIND,
     LABEL_LE,
@@ -61,6 +66,7 @@ from vigil.conventions import (
     SERIES_UP,
     SUFFIX_BUCKET,
     VLLM_E2E,
+    VLLM_HTTP_REQUESTS,
     VLLM_KV_CACHE_USAGE,
     VLLM_REQUEST_LATENCY_BUCKETS,
     VLLM_REQUEST_SUCCESS,
@@ -98,6 +104,8 @@ class Traffic:
     e2e_s: Sequence[float]
     kv_cache_usage: float
     waiting: int
+    #: POST answers by status (``http_requests_total``), per minute, for the whole replica.
+    http: Mapping[str, int] = field(default_factory=dict)
 
 
 TRAFFIC = Traffic(
@@ -106,7 +114,9 @@ TRAFFIC = Traffic(
     e2e_s=(2.0,) * 45 + (6.0,) * 5,
     kv_cache_usage=0.95,
     waiting=7,
+    http={"2xx": 49, "5xx": 1},
 )
+_HANDLER = "/v1/chat/completions"
 
 
 @dataclass(frozen=True)
@@ -168,6 +178,10 @@ def pool_inputs(config: Config, pool: PoolConfig, specs: Sequence[SloSpec],
         target = {LABEL_INSTANCE: instance, LABEL_POOL: pool.name, LABEL_KIND: KIND_VLLM}
         series.append(InputSeries(SERIES_UP, target, up, 0))
     target = {LABEL_INSTANCE: serving, LABEL_POOL: pool.name, LABEL_KIND: KIND_VLLM}
+    for status, count in traffic.http.items():
+        series.append(InputSeries(VLLM_HTTP_REQUESTS, {
+            **target, "handler": _HANDLER, LABEL_HTTP_METHOD: HTTP_METHOD_POST,
+            LABEL_HTTP_STATUS: status}, 0, count))
     for model in models:
         labels = {**target, _ENGINE_LABEL: "0", LABEL_MODEL_NAME: model}
         series.append(InputSeries(VLLM_KV_CACHE_USAGE, labels, traffic.kv_cache_usage, 0))

@@ -4,8 +4,10 @@ Per SLO (group ``vigil-slo-alerts-<slo>``):
 
 * ``ErrorBudgetBurn`` with ``severity`` ``page`` and ``ticket``: the multiwindow,
   multi-burn-rate rows of ``[engine] burn_rate_alerts`` of that severity, OR-ed; a row fires
-  when the burn rate over its long AND its short window is strictly above its factor, as
-  ``slo.burn_rate.firing_alerts`` decides (a window without data never fires). The burn rate is
+  when the burn rate over its long AND its short window is strictly above its factor for the
+  SLO's period (``slo.burn_rate.slo_burn_alerts``: 14.4 over 1h for a 30-day SLO, 3.36 for a
+  7-day one), as ``slo.burn_rate.firing_alerts`` decides (a window without data never
+  fires). The burn rate is
   compared as ``error_ratio / (1 - objective) > factor``, the engine's very division, not as
   ``error_ratio > factor × budget``, which can round differently at the edge;
 * ``ErrorBudgetLow`` (``ticket``): the period's remaining budget below ``[alerts]
@@ -39,6 +41,7 @@ from alerts.rules_sli import (
     sli_record_name,
     slo_selector,
 )
+from slo.burn_rate import SloBurnAlert, slo_burn_alerts
 from slo.spec import SloSpec
 from vigil.config import BurnRateAlert, Config, PoolConfig
 from vigil.conventions import (
@@ -64,7 +67,7 @@ from vigil.conventions import (
 __all__ = ["alert_rules", "burn_alert_expr", "severities"]
 
 
-def severities(table: Sequence[BurnRateAlert]) -> list[str]:
+def severities(table: Sequence[BurnRateAlert | SloBurnAlert]) -> list[str]:
     """The severities of the burn-rate table, each once, in table order."""
     out: list[str] = []
     for row in table:
@@ -73,7 +76,7 @@ def severities(table: Sequence[BurnRateAlert]) -> list[str]:
     return out
 
 
-def _row(spec: SloSpec, row: BurnRateAlert, *, standalone: bool) -> str:
+def _row(spec: SloSpec, row: SloBurnAlert, *, standalone: bool) -> str:
     budget = budget_expr(spec)
     factor = number(row.factor)
     parts = []
@@ -88,9 +91,10 @@ def _row(spec: SloSpec, row: BurnRateAlert, *, standalone: bool) -> str:
     return "(\n" + "\n".join("  " + line for line in body.split("\n")) + "\n)"
 
 
-def burn_alert_expr(spec: SloSpec, rows: Sequence[BurnRateAlert], *,
+def burn_alert_expr(spec: SloSpec, rows: Sequence[SloBurnAlert], *,
                     standalone: bool = False) -> str:
-    """The OR of the rows' ``long > factor and short > factor`` conditions."""
+    """The OR of the rows' ``long > factor and short > factor`` conditions (the rows of
+    ``spec``'s period: ``slo.burn_rate.slo_burn_alerts``)."""
     return "\nor\n".join(_row(spec, row, standalone=standalone) for row in rows)
 
 
@@ -100,7 +104,7 @@ def _slo_labels(spec: SloSpec) -> dict[str, str]:
     return {LABEL_SLO: spec.name, LABEL_POOL: spec.pool, LABEL_MODEL: spec.model}
 
 
-def _rows_text(rows: Sequence[BurnRateAlert]) -> str:
+def _rows_text(rows: Sequence[SloBurnAlert]) -> str:
     return ", or ".join(
         f"{prom_duration(r.long_window)} and {prom_duration(r.short_window)} "
         f"above {number(r.factor)}x" for r in rows
@@ -108,7 +112,7 @@ def _rows_text(rows: Sequence[BurnRateAlert]) -> str:
 
 
 def _slo_alerts(spec: SloSpec, config: Config) -> tuple[Rule, ...]:
-    table = config.engine.burn_rate_alerts
+    table = slo_burn_alerts(config.engine.burn_rate_alerts, spec.period_s)
     dashboard = config.alerts.dashboard_url
     rules: list[Rule] = []
     for severity in severities(table):

@@ -1,5 +1,6 @@
 """Quality: TTFT and end-to-end p50/p95/p99 over time with the SLO thresholds, finished
-requests by class, and burn rates per window against the alert table's factors."""
+requests by class, and burn rates per window against the alert table's factors for the
+chosen SLO's period."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dashboard.charts import PAGE_COLOR, TICKET_COLOR, Rule
 from dashboard.gateway_data import CLASS_OK
 from dashboard.status_view import STATE_COLORS, filter_slos, slo_state
 from dashboard.timeseries import chart_step, chart_times
-from slo.burn_rate import burn_windows
+from slo.burn_rate import burn_windows, status_burn_alerts
 from vigil.config import PoolConfig
 from vigil.conventions import (
     FINISHED_REASON_ABORT,
@@ -55,6 +56,22 @@ def _latency(pool: PoolConfig, model: str, slos: list[Mapping[str, Any]], times:
     st.markdown(f"**{name} latency** (p50 / p95 / p99 over {format_duration(window_s)})")
     layout.chart(charts.lines(df, y_title="seconds", y_format=".2f", rules=rules), df,
                  f"No {name} observation for {model} in this range.")
+
+
+def _now_quantiles(status: Mapping[str, Any], pool: PoolConfig, model: str) -> None:
+    """The engine's quantiles now, each as exact as its source allows: a figure from the
+    gateway's records as a number, a histogram figure in a wide bucket as that bucket."""
+    block = ((status.get("pools") or {}).get(pool.name) or {}).get("models", {}).get(model)
+    if not block:
+        return
+    q = block.get("quantiles") or {}
+    parts = [f"{name} " + " / ".join(fmt.quantile(q.get(key), k) for k in ("p50", "p95", "p99"))
+             for name, key in (("TTFT", "ttft_seconds"), ("e2e", "e2e_seconds"),
+                               ("queue", "queue_seconds"))]
+    origin = fmt.quantile_origin([q.get("ttft_seconds"), q.get("e2e_seconds")])
+    st.caption(f"Now, p50 / p95 / p99 over {q.get('window', '')}: {' · '.join(parts)} "
+               f"({origin}; a range is the histogram bucket that holds the quantile). The "
+               "charts draw vLLM's histogram quantiles.")
 
 
 def _errors(pool: PoolConfig, model: str, slos: list[Mapping[str, Any]], times: list[float],
@@ -107,7 +124,8 @@ def _burn_section(slos: list[Mapping[str, Any]], at_s: float) -> None:
     name = st.selectbox("SLO", names, index=default, key=QP_SLO, bind="query-params",
                         help="The SLO whose burn rates are drawn below.")
     slo = next(s for s in slos if s["name"] == name)
-    alerts = ctx.config.engine.burn_rate_alerts
+    # The SLO's own factors: a 7-day SLO pages at 3.36x over 1h where a 30-day one needs 14.4x.
+    alerts = status_burn_alerts(slo, ctx.config.engine.burn_rate_alerts)
     left, right = st.columns([2, 3], gap="medium")
     with left:
         st.markdown(f"**{name}: burn rate per window now** · state "
@@ -135,8 +153,13 @@ def _burn_section(slos: list[Mapping[str, Any]], at_s: float) -> None:
         st.markdown("**Burn rate over time** (each long window of the alert table)")
         layout.chart(charts.lines(df, y_title="burn rate (x budget)", y_format=".1f",
                                   rules=rules), df, f"{name} has no data in this range.")
+    derived = any(a.budget_share is not None for a in alerts)
+    factors = (f"A factor is the share of {name}'s {slo.get('period')} budget the alert may "
+               "spend in its long window × period ÷ long window. " if derived else
+               "The factors are fixed in `[engine] burn_rate_alerts`. ")
     st.caption("An alert fires when the burn rate over both its long and its short window "
                "is above its factor (multiwindow, multi-burn-rate: SRE workbook, table 5-8). "
+               f"{factors}"
                f"Windows: {', '.join(format_duration(w) for w in burn_windows(alerts))}.")
 
 
@@ -155,6 +178,7 @@ def body() -> None:
             for model in _models(pool, slos):
                 with st.container(border=True, key=f"quality-{pool.name}-{model}"):
                     st.subheader(f"Pool {pool.name} · {model}", anchor=False)
+                    _now_quantiles(status, pool, model)
                     left, right = st.columns(2, gap="medium")
                     with left:
                         _latency(pool, model, slos, times, window, "ttft")
