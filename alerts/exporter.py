@@ -148,6 +148,8 @@ def _pool_families(status: Mapping[str, Any]) -> Iterator[Metric]:
                     continue  # the "window" entry
                 name = signal[: -len(_SECONDS)] if signal.endswith(_SECONDS) else signal
                 for q, value in sorted(qs.items()):
+                    if not q.startswith("p"):
+                        continue  # "source", "bounds", "count", "histogram" beside the figures
                     _add(latency, [pool, model, name, _QUANTILE_LABEL.get(q, q)], value)
         cost = block.get("cost") or {}
         _add(per_1000, [pool], cost.get("per_1000_requests"))

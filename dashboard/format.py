@@ -6,8 +6,11 @@ Every function takes ``None`` (the engine's "no data") and returns ``NULL`` for 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any
 
+from slo.quantiles import SOURCE_GATEWAY, quantile_range
 from vigil.durations import format_duration
 
 __all__ = [
@@ -15,11 +18,15 @@ __all__ = [
     "count",
     "duration",
     "percent",
+    "quantile",
+    "quantile_origin",
     "ratio",
     "seconds",
+    "seconds_range",
     "span",
     "timestamp",
     "tokens",
+    "tokens_range",
     "usd",
 ]
 
@@ -109,3 +116,50 @@ def timestamp(value: float | None) -> str:
     """Unix seconds as ``2026-11-30 10:00:00Z`` (UTC, as every Vigil command prints time)."""
     v = _finite(value)
     return NULL if v is None else datetime.fromtimestamp(v, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def seconds_range(lo: float, hi: float) -> str:
+    """A histogram bucket of seconds: ``(0, 0.3]`` -> ``"≤ 300 ms"``, ``(0.1, 0.25]`` ->
+    ``"100–250 ms"``, ``(1, 2.5]`` -> ``"1–2.5 s"``, ``(60, +Inf)`` -> ``"> 60 s"``."""
+    if math.isinf(hi):
+        return f"> {seconds(lo)}"
+    if lo <= 0:
+        return f"≤ {seconds(hi)}"
+    if hi < 1:
+        return f"{lo * 1000:g}–{hi * 1000:g} ms"
+    return f"{lo:g}–{hi:g} s"
+
+
+def tokens_range(lo: float, hi: float) -> str:
+    """A histogram bucket of tokens: ``"≤ 100 tokens"``, ``"100–200 tokens"``,
+    ``"> 2,000 tokens"``."""
+    if math.isinf(hi):
+        return f"> {lo:,.0f} tokens"
+    if lo <= 0:
+        return f"≤ {hi:,.0f} tokens"
+    return f"{lo:,.0f}–{hi:,.0f} tokens"
+
+
+def quantile(block: Mapping[str, Any] | None, key: str, unit: str = "seconds") -> str:
+    """One figure of an engine quantile block (``quantiles.ttft_seconds``, ``"p95"``; ``unit``
+    ``"seconds"`` or ``"tokens"``): the number, or the histogram bucket that holds it when the
+    bucket is wider than a third of the number (``slo.quantiles.quantile_range``), since the
+    number is then an interpolation, not a measurement."""
+    found = quantile_range(block, key)
+    if found is not None:
+        return seconds_range(*found) if unit == "seconds" else tokens_range(*found)
+    value = (block or {}).get(key)
+    return seconds(value) if unit == "seconds" else tokens(value)
+
+
+def quantile_origin(blocks: list[Mapping[str, Any] | None]) -> str:
+    """Where a row of figures comes from, in words: the gateway's records (exact), vLLM's
+    histogram buckets, or both."""
+    sources = {b.get("source") for b in blocks if b} - {None}
+    if not sources:
+        return NULL
+    if sources == {SOURCE_GATEWAY}:
+        return "exact, from the gateway's records"
+    if SOURCE_GATEWAY in sources:
+        return "the gateway's records and vLLM's histogram buckets"
+    return "vLLM's histogram buckets"

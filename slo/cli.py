@@ -17,11 +17,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from slo.quantiles import QUANTILE_SOURCES, quantile_range
 from slo.sli import RequestLog
 from slo.source import Source
 from vigil.cli_options import (
@@ -54,6 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--promql-semantics", choices=("auto", "2", "3"),
                         help="PromQL rules: 3 = Prometheus 3.x, 2 = 2.x, auto = the server's "
                              "(3 for the store) (default: [engine] promql_semantics)")
+    parser.add_argument("--source", choices=QUANTILE_SOURCES, default="auto",
+                        dest="quantile_source",
+                        help="where quantiles and tokens per request come from: auto = the "
+                             "gateway's records where they cover a model, else vLLM's "
+                             "histograms; histogram = always the histograms, as Prometheus "
+                             "computes them (default: auto)")
 
 
 @contextlib.contextmanager
@@ -128,7 +136,8 @@ def run(args: argparse.Namespace, *, clock: Clock = system_clock,
     with open_source(config, args.config, prometheus_url=args.prometheus_url or "",
                      semantics=args.promql_semantics) as source:
         result = evaluate(config, source, at, window_s=args.window,
-                          request_log=request_log(config))
+                          request_log=request_log(config),
+                          quantile_source=getattr(args, "quantile_source", "auto"))
     if args.json:
         stream.write(json.dumps(result, indent=2, allow_nan=False) + "\n")
     else:
@@ -155,6 +164,46 @@ def _pct(digits: int) -> Callable[[float], str]:
 
 def _seconds(v: float) -> str:
     return f"{v * 1000:.0f}ms" if v < 1 else f"{v:.2f}s"
+
+
+def _seconds_range(lo: float, hi: float) -> str:
+    """A bucket of seconds: ``≤300ms``, ``100–250ms``, ``1–2.5s``, ``>60s``."""
+    if math.isinf(hi):
+        return f">{_seconds(lo)}"
+    if lo <= 0:
+        return f"≤{_seconds(hi)}"
+    if hi < 1:
+        return f"{lo * 1000:g}–{hi * 1000:g}ms"
+    return f"{lo:g}–{hi:g}s"
+
+
+def _tokens_range(lo: float, hi: float) -> str:
+    """A bucket of tokens: ``≤100``, ``100–200``, ``>2000``."""
+    if math.isinf(hi):
+        return f">{lo:g}"
+    if lo <= 0:
+        return f"≤{hi:g}"
+    return f"{lo:g}–{hi:g}"
+
+
+def _quantile(block: dict[str, Any], key: str, spec: Callable[[float], str],
+              ranged: Callable[[float, float], str]) -> str:
+    """A quantile as a number, or as its bucket when the bucket is too wide to trust the
+    interpolated number (``slo.quantiles.quantile_range``)."""
+    found = quantile_range(block, key)
+    if found is not None:
+        return ranged(*found)
+    return _fmt(block.get(key), spec)
+
+
+def _origin(blocks: list[dict[str, Any]]) -> str:
+    """``gateway`` when every figure of the line is from the records, ``histogram`` when none
+    is, ``mixed`` otherwise."""
+    sources = {b.get("source") for b in blocks if b}
+    sources.discard(None)
+    if not sources:
+        return _NULL
+    return sources.pop() if len(sources) == 1 else "mixed"
 
 
 def _pool_lines(name: str, pool: dict[str, Any]) -> list[str]:
@@ -184,11 +233,14 @@ def _pool_lines(name: str, pool: dict[str, Any]) -> list[str]:
         ttft = q.get("ttft_seconds") or {}
         e2e = q.get("e2e_seconds") or {}
         gen = (block.get("tokens_per_request") or {}).get("generated") or {}
+        lines.append(_fit(f"  {model} ({_origin([ttft, e2e, gen])})"))
         lines.append(_fit(
-            f"  {model}: TTFT p95 {_fmt(ttft.get('p95'), _seconds)}"
-            f" p99 {_fmt(ttft.get('p99'), _seconds)}"
-            f"  e2e p95 {_fmt(e2e.get('p95'), _seconds)}"
+            f"    TTFT p95 {_quantile(ttft, 'p95', _seconds, _seconds_range)}"
+            f" p99 {_quantile(ttft, 'p99', _seconds, _seconds_range)}"
+            f"  e2e p50 {_quantile(e2e, 'p50', _seconds, _seconds_range)}"
+            f" p95 {_quantile(e2e, 'p95', _seconds, _seconds_range)}"
             f"  gen tok/req {_fmt(gen.get('mean'), lambda v: f'{v:.0f}')}"
+            f" p95 {_quantile(gen, 'p95', lambda v: f'{v:.0f}', _tokens_range)}"
         ))
     return lines
 

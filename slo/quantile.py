@@ -31,6 +31,7 @@ __all__ = [
     "histogram_quantile",
     "histogram_quantile_over",
     "parse_le",
+    "quantile_bounds",
 ]
 
 #: ``(le, count)``: inclusive upper bound and cumulative count (or its rate/increase).
@@ -133,14 +134,10 @@ def histogram_quantile(
         return -math.inf
     if q > 1:
         return math.inf
-    prepared = _sorted_coalesced(buckets)
+    prepared = _monotonic(buckets, sem)
     if prepared is None:
         return math.nan
     les, counts = prepared
-    if sem is Semantics.V2:
-        _ensure_monotonic_v2(counts)
-    else:
-        _ensure_monotonic_v3(counts)
     n = len(les)
     if n < 2:
         return math.nan
@@ -162,6 +159,52 @@ def histogram_quantile(
         rank -= counts[b - 1]
     # 0/0 is possible (q = 0 with an empty lowest bucket): NaN in Go, an exception in Python.
     return bucket_start + (bucket_end - bucket_start) * go_div(rank, count)
+
+
+def _monotonic(buckets: Iterable[Bucket], sem: Semantics
+               ) -> tuple[list[float], list[float]] | None:
+    """The buckets sorted and coalesced, their counts made monotonic as ``sem`` does (the
+    preparation ``histogram_quantile`` and ``quantile_bounds`` share); None without +Inf."""
+    prepared = _sorted_coalesced(buckets)
+    if prepared is None:
+        return None
+    les, counts = prepared
+    if sem is Semantics.V2:
+        _ensure_monotonic_v2(counts)
+    else:
+        _ensure_monotonic_v3(counts)
+    return les, counts
+
+
+def quantile_bounds(
+    q: float, buckets: Iterable[Bucket], semantics: SemanticsLike = DEFAULT_SEMANTICS
+) -> tuple[float, float] | None:
+    """The bucket ``(lo, hi]`` that holds ``histogram_quantile(q, buckets)``: the same rank
+    search, so the quantile is somewhere in it and the buckets say no more than that.
+
+    The lowest bucket starts at 0 (as the interpolation does; at -Inf when its bound is ≤ 0);
+    a quantile in the ``+Inf`` bucket gives ``(second-highest bound, +Inf)``. ``None`` where
+    ``histogram_quantile`` answers NaN or ±Inf (no ``+Inf`` bucket, no observation, ``q``
+    outside [0, 1]). Bounds in ``le``'s unit.
+    """
+    sem = semantics_of(semantics)
+    q = float(q)
+    if math.isnan(q) or q < 0 or q > 1:
+        return None
+    prepared = _monotonic(buckets, sem)
+    if prepared is None:
+        return None
+    les, counts = prepared
+    n = len(les)
+    if n < 2 or counts[-1] == 0 or math.isnan(counts[-1]):
+        return None
+    rank = q * counts[-1]
+    b = _go_search(n - 1, lambda i: counts[i] >= rank)
+    if b == n - 1:
+        return les[n - 2], math.inf
+    if b == 0:
+        return (0.0 if les[0] > 0 else -math.inf), les[0]
+    return les[b - 1], les[b]
 
 
 def bucket_fraction_below(threshold: float, buckets: Iterable[Bucket]) -> tuple[float, bool]:

@@ -123,9 +123,10 @@ def _per_instance(
 
 def pool_status(
     config: Config, source: Source, pool: PoolConfig, at_s: float, window_s: float,
-    *, request_log: RequestLog | None = None,
+    *, request_log: RequestLog | None = None, quantile_source: str = "auto",
 ) -> dict[str, Any]:
-    """One pool's block: models (quantiles, tokens), KV cache, queue, cost, scaling."""
+    """One pool's block: models (quantiles, tokens), KV cache, queue, cost, scaling.
+    ``quantile_source``: ``slo.quantiles.model_quantiles``'s."""
     m = vllm_matchers(pool.name)
     sem = source.semantics
     models = {pool.model} | {s.model for s in effective_slos(config) if s.pool == pool.name}
@@ -135,7 +136,8 @@ def pool_status(
     return {
         "models": model_quantiles(source, pool.name, at_s, window_s, models=models,
                                   request_log=request_log, normalised_output_tokens=(
-                                      config.slo_defaults.e2e_reference_output_tokens)),
+                                      config.slo_defaults.e2e_reference_output_tokens),
+                                  quantile_source=quantile_source),
         # avg/max over the pool's replicas of their latest value (ratio 0-1)
         "kv_cache_usage": {"avg": avg_aggregate(kv, sem), "max": _max(kv)},
         # sum(vllm:num_requests_waiting{pool}): requests waiting, deferred ones included
@@ -153,21 +155,24 @@ def evaluate(
     *,
     window_s: float | None = None,
     request_log: RequestLog | None = None,
+    quantile_source: str = "auto",
 ) -> dict[str, Any]:
     """The status of every pool and SLO at ``at_s`` (Unix seconds).
 
     ``window_s`` (seconds; default ``[engine] window``) is the window of the quantiles and of
     each SLO's ``"current"`` ratio; burn-rate windows, periods, the cost window and the anomaly
     window come from the config. ``request_log`` (the gateway's, when it exists) enables
-    per-endpoint SLIs and per-request anomalies. Returns a JSON-ready dict (see
-    ``docs/slo-engine.md`` for every key).
+    per-endpoint SLIs, per-request anomalies and exact quantiles where its records cover a
+    model (``quantile_source="histogram"`` keeps vLLM's histogram figures). Returns a JSON-ready
+    dict (see ``docs/slo-engine.md`` for every key).
     """
     w = config.engine.window if window_s is None else float(window_s)
     if not w > 0:
         raise ValueError(f"the window must be a positive number of seconds, not {window_s!r}")
     at_s = float(at_s)
     alerts = config.engine.burn_rate_alerts
-    pools = {p.name: pool_status(config, source, p, at_s, w, request_log=request_log)
+    pools = {p.name: pool_status(config, source, p, at_s, w, request_log=request_log,
+                                 quantile_source=quantile_source)
              for p in config.pools}
     slos = [
         evaluate_slo(

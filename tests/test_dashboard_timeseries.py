@@ -15,7 +15,7 @@ from test_slo_fleet import MODEL
 from collector.store import Store
 from dashboard import timeseries as ts
 from slo.embedded import EmbeddedSource
-from slo.quantiles import model_quantiles
+from slo.quantiles import histogram_figures, model_quantiles
 from slo.sli import error_ratio
 from slo.spec import effective_slos
 from slo.status import evaluate
@@ -95,7 +95,7 @@ def test_quantile_point_is_model_quantiles(seeded: tuple[Config, EmbeddedSource]
         for key, metric in (("ttft_seconds", VLLM_TTFT), ("e2e_seconds", VLLM_E2E),
                             ("queue_seconds", VLLM_QUEUE_TIME)):
             got = ts.quantile_point(source, "chat", AT, window, metric)
-            assert got[MODEL] == expected[MODEL]["quantiles"][key]
+            assert got[MODEL] == histogram_figures(expected[MODEL]["quantiles"][key])
         tokens = ts.quantile_point(source, "chat", AT, window, VLLM_GENERATION_TOKENS_HIST,
                                    (0.95,))
         assert tokens[MODEL]["p95"] == expected[MODEL]["tokens_per_request"]["generated"]["p95"]
@@ -107,7 +107,8 @@ def test_quantile_point_of_the_status_window(seeded: tuple[Config, EmbeddedSourc
                                              status: dict[str, Any]) -> None:
     _, source = seeded
     got = ts.quantile_point(source, "chat", AT, 300.0, VLLM_TTFT)
-    assert got[MODEL] == status["pools"]["chat"]["models"][MODEL]["quantiles"]["ttft_seconds"]
+    assert got[MODEL] == histogram_figures(
+        status["pools"]["chat"]["models"][MODEL]["quantiles"]["ttft_seconds"])
 
 
 def test_finished_point_error_share_is_the_error_rate_sli(

@@ -56,7 +56,8 @@ def test_quantiles_per_model_in_one_pool(store: Store) -> None:
     ttft = got[MODEL]["quantiles"]["ttft_seconds"]
     # rank q×N in the bucket (0.1, 0.25] that holds everything: 0.1 + 0.15 × q
     assert ttft == {"p50": pytest.approx(0.175), "p95": pytest.approx(0.2425),
-                    "p99": pytest.approx(0.2485)}
+                    "p99": pytest.approx(0.2485), "source": "histogram",
+                    "bounds": {"p50": [0.1, 0.25], "p95": [0.1, 0.25], "p99": [0.1, 0.25]}}
     other = got[OTHER_MODEL]["quantiles"]["ttft_seconds"]
     assert other["p50"] == pytest.approx(2.5 + 2.5 * 0.5)
     assert got[MODEL]["quantiles"]["window"] == "5m"
@@ -68,8 +69,11 @@ def test_quantiles_per_model_in_one_pool(store: Store) -> None:
 def test_a_model_without_a_histogram_has_null_quantiles(store: Store) -> None:
     _two_models(store)
     other = model_quantiles(EmbeddedSource(store), "chat", AT, 300)[OTHER_MODEL]
-    assert other["quantiles"]["e2e_seconds"] == {"p50": None, "p95": None, "p99": None}
-    assert other["tokens_per_request"]["generated"] == {"mean": None, "p95": None}
+    assert other["quantiles"]["e2e_seconds"] == {
+        "p50": None, "p95": None, "p99": None, "source": "histogram",
+        "bounds": {"p50": None, "p95": None, "p99": None}}
+    assert other["tokens_per_request"]["generated"] == {
+        "mean": None, "p95": None, "source": "histogram", "bounds": {"p95": None}}
 
 
 def test_tokens_per_request_mean_and_p95(store: Store) -> None:
@@ -78,7 +82,9 @@ def test_tokens_per_request_mean_and_p95(store: Store) -> None:
     # generated: 3 × 100 + 300 per 4 requests; p95 rank 3.8 falls in (200, 500] holding 1
     assert tokens["generated"]["mean"] == pytest.approx(150.0)
     assert tokens["generated"]["p95"] == pytest.approx(200 + 300 * 0.8)
-    assert tokens["prompt"] == {"mean": pytest.approx(1000.0), "p95": pytest.approx(975.0)}
+    assert tokens["generated"]["bounds"] == {"p95": [200.0, 500.0]}
+    assert tokens["prompt"] == {"mean": pytest.approx(1000.0), "p95": pytest.approx(975.0),
+                                "source": "histogram", "bounds": {"p95": [500.0, 1000.0]}}
 
 
 def test_configured_model_without_data_appears_with_nulls(store: Store) -> None:
@@ -86,11 +92,13 @@ def test_configured_model_without_data_appears_with_nulls(store: Store) -> None:
     assert got == {MODEL: {
         "quantiles": {
             "window": "5m",
-            **{k: {"p50": None, "p95": None, "p99": None}
+            **{k: {"p50": None, "p95": None, "p99": None, "source": "histogram",
+                   "bounds": {"p50": None, "p95": None, "p99": None}}
                for k in ("ttft_seconds", "e2e_seconds", "queue_seconds", "itl_seconds")},
         },
-        "tokens_per_request": {"generated": {"mean": None, "p95": None},
-                               "prompt": {"mean": None, "p95": None}},
+        "tokens_per_request": {
+            k: {"mean": None, "p95": None, "source": "histogram", "bounds": {"p95": None}}
+            for k in ("generated", "prompt")},
     }}
 
 
@@ -101,7 +109,8 @@ def test_an_idle_window_gives_null_not_zero(store: Store) -> None:
     fleet.flush()
     got = model_quantiles(EmbeddedSource(store), "chat", AT, 300)[MODEL]
     assert got["quantiles"]["ttft_seconds"]["p95"] is None
-    assert got["tokens_per_request"]["generated"] == {"mean": None, "p95": None}
+    assert got["tokens_per_request"]["generated"]["mean"] is None
+    assert got["tokens_per_request"]["generated"]["p95"] is None
 
 
 def test_other_pools_are_not_mixed_in(store: Store) -> None:
