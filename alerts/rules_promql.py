@@ -9,8 +9,9 @@ checks it to 1e-9 relative; it is in fact bit-identical):
 builder                        engine
 =============================  ===========================================================
 ``latency_error_expr``         ``slo.sli`` ttft / e2e: ``1 - bucket_fraction_below(T)``
-``error_rate_expr``            ``slo.sli`` error_rate
-``availability_error_expr``    ``slo.sli`` availability
+``error_rate_expr``            ``slo.sli`` error_rate (finished errors and 5xx answers)
+``availability_error_expr``    ``slo.sli`` availability (from ``http_requests_total``)
+``replica_up_error_expr``      ``slo.sli`` replica_up
 ``quantile_expr``              ``slo.quantiles.model_quantiles``
 ``kv_usage_expr``              ``slo.signals.kv_usage_at`` (mean and max over replicas)
 ``queue_length_expr``          ``slo.signals.queue_length_at``
@@ -45,8 +46,13 @@ from alerts.rules_model import prom_duration
 from slo.spec import SloSpec
 from vigil.conventions import (
     FINISHED_REASON_ERROR,
+    HTTP_METHOD_POST,
+    HTTP_STATUS_5XX_REGEX,
+    INDICATOR_REPLICA_UP,
     KIND_VLLM,
     LABEL_FINISHED_REASON,
+    LABEL_HTTP_METHOD,
+    LABEL_HTTP_STATUS,
     LABEL_INSTANCE,
     LABEL_KIND,
     LABEL_LE,
@@ -55,6 +61,7 @@ from vigil.conventions import (
     SERIES_UP,
     SUFFIX_BUCKET,
     VLLM_E2E,
+    VLLM_HTTP_REQUESTS,
     VLLM_KV_CACHE_USAGE,
     VLLM_REQUEST_LATENCY_BUCKETS,
     VLLM_REQUEST_SUCCESS,
@@ -80,6 +87,7 @@ __all__ = [
     "quantile_expr",
     "queue_length_expr",
     "replica_kv_usage_expr",
+    "replica_up_error_expr",
     "selector",
     "sli_error_expr",
     "slo_matchers",
@@ -201,18 +209,45 @@ def latency_error_expr(spec: SloSpec, window_s: float,
     return "\n".join(["1 - (", "  (", _indent(good, "    "), "  )", "  /", f"  {total}", ")"])
 
 
+def _http_5xx_or_zero(pool: str, window: str) -> str:
+    """The pool's 5xx POST answers, 0 while its POST series exist without a 5xx one (vLLM
+    creates a status's series at its first answer); absent without ``http_requests_total``."""
+    m = {**pool_matchers(pool), LABEL_HTTP_METHOD: HTTP_METHOD_POST}
+    every = _sum_increase(VLLM_HTTP_REQUESTS, m, window, _POOL_BY)
+    five = selector(VLLM_HTTP_REQUESTS, m)[:-1] \
+        + f", {LABEL_HTTP_STATUS}=~{promql_string(HTTP_STATUS_5XX_REGEX)}}}"
+    return f"(\n  {_agg('sum', _POOL_BY)}(increase({five}[{window}]))\n  or\n  0 * {every}\n)"
+
+
 def error_rate_expr(spec: SloSpec, window_s: float) -> str:
-    """``increase(errors) / increase(all finished requests)`` of the SLO's model; no ``error``
-    series while others exist counts 0 errors (the engine's ``or vector(0)``)."""
+    """``slo.sli`` error_rate: with E the finished errors (0 when no ``error`` series exists
+    while others do), F every finished request and H the 5xx answers, ``max(E, H) / (F +
+    max(H - E, 0))`` (a non-streamed error is in E and H); ``E / F`` when the pool exposes no
+    ``http_requests_total``. Summed per pool: ``http_requests_total`` has no ``model_name``."""
     window = prom_duration(window_s)
     m = slo_matchers(spec)
-    total = _sum_increase(VLLM_REQUEST_SUCCESS, m, window, SLO_BY)
-    bad = _sum_increase(VLLM_REQUEST_SUCCESS, {**m, LABEL_FINISHED_REASON: FINISHED_REASON_ERROR},
-                        window, SLO_BY)
-    return f"(\n  {bad}\n  or\n  0 * {total}\n)\n/\n({total} > 0)"
+    total = _sum_increase(VLLM_REQUEST_SUCCESS, m, window, _POOL_BY)
+    errors = _sum_increase(VLLM_REQUEST_SUCCESS,
+                           {**m, LABEL_FINISHED_REASON: FINISHED_REASON_ERROR}, window, _POOL_BY)
+    e = f"(\n{_indent(errors)}\n  or\n  0 * {total}\n)"
+    h = _http_5xx_or_zero(spec.pool, window)
+    bad = f"(\n{_indent(h)}\n  >\n{_indent(e)}\n)\nor\n{e}"
+    extra = f"(\n  clamp_min(\n{_indent(h, '    ')}\n    -\n{_indent(e, '    ')}\n  , 0)" \
+            f"\n  or\n  0 * {total}\n)"
+    return f"(\n{_indent(bad)}\n)\n/\n(\n  {total}\n  +\n{_indent(extra)}\n  > 0\n)"
 
 
 def availability_error_expr(spec: SloSpec, window_s: float) -> str:
+    """``slo.sli`` availability from vLLM's API server: the 5xx share of the pool's POST
+    answers, ``sum(increase(http_requests_total{status=~"5.."}[w])) / sum(increase(...))``;
+    absent without ``http_requests_total`` (the gateway's records are not in Prometheus)."""
+    window = prom_duration(window_s)
+    m = {**pool_matchers(spec.pool), LABEL_HTTP_METHOD: HTTP_METHOD_POST}
+    every = _sum_increase(VLLM_HTTP_REQUESTS, m, window, _POOL_BY)
+    return f"{_http_5xx_or_zero(spec.pool, window)}\n/\n({every} > 0)"
+
+
+def replica_up_error_expr(spec: SloSpec, window_s: float) -> str:
     """``1 - avg(avg_over_time(up{pool, kind="vllm"}[w]))``: the pool, not the model (``up``
     has no ``model_name``; the rule adds it as a label)."""
     window = prom_duration(window_s)
@@ -228,6 +263,8 @@ def sli_error_expr(spec: SloSpec, window_s: float) -> str:
         return error_rate_expr(spec, window_s)
     if spec.indicator == "availability":
         return availability_error_expr(spec, window_s)
+    if spec.indicator == INDICATOR_REPLICA_UP:
+        return replica_up_error_expr(spec, window_s)
     raise ValueError(f"SLO {spec.name!r}: unknown indicator {spec.indicator!r}")
 
 
@@ -262,13 +299,32 @@ def queue_length_expr(pool: str, by: Sequence[str] = _POOL_BY) -> str:
 
 
 def gpu_cost_expr(pool: str, window_s: float, gpus_per_replica: int, usd_per_gpu_hour: float,
-                  by: Sequence[str] = _POOL_BY) -> str:
-    """USD the pool's up replicas cost over the window: ``sum(avg_over_time(up[w])) × w / 3600
-    × gpus × price``, in the engine's order of operations (``slo.cost.gpu_hours``)."""
-    up = selector(SERIES_UP, pool_matchers(pool))
+                  by: Sequence[str] = _POOL_BY, *, default_interval_s: float,
+                  intervals: Mapping[str, float] | None = None,
+                  bill_down_time: bool = False) -> str:
+    """USD the pool's replicas cost over the window, billed for the time they ran
+    (``slo.cost.up_seconds``): per target ``clamp_max(sum_over_time(up[w]) * interval, w)``,
+    summed, ``/ 3600 × gpus × price``, in the engine's order of operations.
+
+    ``intervals``: instance -> seconds for the targets whose interval is not
+    ``default_interval_s`` (every other series, configured or not, takes the default: PromQL has
+    no median of sample spacings, so a series of no configured target equals the engine only
+    when scraped at the default). ``bill_down_time``: ``count_over_time``, down samples too.
+    """
     window = prom_duration(window_s)
-    return (f"{_agg('sum', by)}(avg_over_time({up}[{window}])) * {number(window_s)} / 3600"
-            f" * {number(gpus_per_replica)} * {number(usd_per_gpu_hour)}")
+    over_time = "count_over_time" if bill_down_time else "sum_over_time"
+    terms = [
+        f"clamp_max({over_time}({selector(SERIES_UP, {**pool_matchers(pool), LABEL_INSTANCE: i})}"
+        f"[{window}]) * {number(s)}, {number(window_s)})"
+        for i, s in sorted((intervals or {}).items())
+    ]
+    # Last: `or` keeps its series only where no per-target term has the same labels.
+    terms.append(f"clamp_max({over_time}({selector(SERIES_UP, pool_matchers(pool))}[{window}])"
+                 f" * {number(default_interval_s)}, {number(window_s)})")
+    inner = terms[0] if len(terms) == 1 else "\n  or\n  ".join(terms)
+    head = _agg("sum", by)
+    body = f"({inner})" if len(terms) == 1 else f"(\n  {inner}\n)"
+    return f"{head}{body} / 3600 * {number(gpus_per_replica)} * {number(usd_per_gpu_hour)}"
 
 
 def per_requests_expr(cost: str, pool: str, window_s: float, unit: float = 1000.0,

@@ -24,6 +24,7 @@ interval (``RulesOptions.period_interval_s``, 5 minutes by default).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from alerts.rules_model import Origin, Rule, RuleGroup, RulesOptions, prom_duration
 from alerts.rules_promql import (
@@ -36,6 +37,7 @@ from alerts.rules_promql import (
     queue_length_expr,
     sli_error_expr,
 )
+from slo.cost import coverage_interval
 from slo.quantiles import LATENCY_HISTOGRAMS, QUANTILES, quantile_key
 from slo.spec import SloSpec
 from vigil.config import Config, PoolConfig
@@ -215,7 +217,8 @@ def _pool_rules(config: Config, pool: PoolConfig) -> tuple[Rule, ...]:
     ]
     cost_window = config.engine.cost_window
     cost_name = RULE_GPU_COST.format(window=prom_duration(cost_window))
-    cost = gpu_cost_expr(pool.name, cost_window, pool.gpus_per_replica, config.prices[pool.gpu])
+    cost = gpu_cost_expr(pool.name, cost_window, pool.gpus_per_replica, config.prices[pool.gpu],
+                         **_cost_intervals(config, pool), bill_down_time=pool.bill_down_time)
     cost_selector = f"{cost_name}{{{LABEL_POOL}={promql_string(pool.name)}}}"
     rules += [
         Rule(record=cost_name, expr=cost, labels=labels,
@@ -226,6 +229,17 @@ def _pool_rules(config: Config, pool: PoolConfig) -> tuple[Rule, ...]:
              origin=Origin("gpu_cost_per_1000", pool=pool.name, window_s=cost_window)),
     ]
     return tuple(rules)
+
+
+def _cost_intervals(config: Config, pool: PoolConfig) -> dict[str, Any]:
+    """``gpu_cost_expr``'s intervals, from ``slo.cost.coverage_interval`` as the engine takes
+    them: the default for every series, and the pool's targets that differ from it."""
+    lookback = config.engine.lookback
+    default = coverage_interval(None, (), config.collector.scrape_interval, lookback)
+    own = {t.name: coverage_interval(config.scrape_interval(t), (), default, lookback)
+           for t in config.targets if t.pool == pool.name}
+    return {"default_interval_s": default,
+            "intervals": {name: s for name, s in own.items() if s != default}}
 
 
 def pool_recording_rules(config: Config, options: RulesOptions) -> list[RuleGroup]:

@@ -169,8 +169,11 @@ def timestamps(r: int, size: Size) -> np.ndarray:
 
 
 def config(replicas: int, *, availability: bool = True) -> Config:
-    """One pool of ``replicas``; its four default SLOs, or the three without availability (the
-    one computed with ``avg_over_time(up)`` rather than ``increase``)."""
+    """One pool of ``replicas``; its four default SLOs, or the three without availability.
+
+    The figures in docs/benchmarks.md were taken while availability was the scrape-based SLI
+    (``avg_over_time(up)``, now the ``replica_up`` indicator); it now counts 5xx answers with
+    ``increase(http_requests_total)``, which the synthetic fleet here does not expose."""
     data: dict[str, Any] = {
         "engine": {"promql_semantics": "2"},
         "pools": [{"name": POOL, "model": MODEL, "gpu": "H100", "max_replicas": 2 * replicas}],

@@ -278,7 +278,9 @@ class GatewayRecords:
             prompt_tokens=r.prompt_tokens, generated_tokens=r.completion_tokens,
             ttft_s=r.ttft_s, e2e_s=r.e2e_s, error=r.error_class in ERROR_SERVER_CLASSES,
             tenant=r.tenant, tier=r.tier, error_class=r.error_class, cache_hit=r.cache_hit,
-            cost_usd=r.cost_usd, saved_usd=r.saved_usd) for r in self.rows(pool, at_s, window_s)]
+            cost_usd=r.cost_usd, saved_usd=r.saved_usd, tokens_source=r.tokens_source,
+            status=r.status)
+            for r in self.rows(pool, at_s, window_s)]
 
 
 def _record(row: Sequence[Any]) -> GatewayRecord:

@@ -17,6 +17,7 @@ from slo.source import Source
 from vigil.config import Config
 from vigil.conventions import (
     ENDPOINT_ALL,
+    INDICATOR_REPLICA_UP,
     LABEL_INSTANCE,
     SERIES_UP,
     SEVERITY_PAGE,
@@ -160,6 +161,8 @@ def slo_goal(slo: Mapping[str, Any]) -> str:
         budget = None if objective is None else 1.0 - objective
         text = f"errors ≤ {percent(budget, 2)} of requests"
     elif indicator == "availability":
+        text = f"no server error for {percent(objective, 2)} of requests"
+    elif indicator == INDICATOR_REPLICA_UP:
         text = f"replicas up {percent(objective, 2)} of the time"
     else:
         text = str(indicator)

@@ -7,23 +7,45 @@
   over the pool's vLLM series of the SLO's model. A threshold that is not a bucket bound (the
   default 0.8 s TTFT and 8 s e2e are not) is interpolated inside its bucket: ``interpolated``
   says so, because such an SLI is an estimate, not a count.
-* ``error_rate``: ``increase(vllm:request_success_total{finished_reason="error"})`` over the
-  increase of all finished requests. ``abort`` (aborted by the server) is a finished, non-error
-  request and stays in the denominator; client disconnects are not counted by vLLM at all.
-* ``availability``: ``1 - avg(avg_over_time(up{pool, kind="vllm"}[w]))``: the share of scrape
-  time the pool's vLLM targets were down.
+* ``error_rate``: requests that failed on the server over requests served. Failed: vLLM's
+  ``vllm:request_success_total{finished_reason="error"}`` and its API server's 5xx answers
+  (``http_requests_total{method="POST", status=~"5.."}``), without counting one request twice
+  (below). ``abort`` (aborted by the server) is a finished, non-error request and stays in the
+  denominator; client disconnects are not counted by vLLM at all. Without
+  ``http_requests_total`` (older vLLM, other servers) it is the finished-requests ratio alone.
+* ``availability``: the share of requests answered with a server error (5xx, refused or reset
+  connection, timeout; the SLO's good events are the others): from the gateway's records
+  (``request_log``) when they hold the pool's requests, else
+  ``sum(increase(http_requests_total{status=~"5.."}))`` over all POSTs.
+  With neither it is ``None`` with ``REASON_NO_REQUEST_DATA``: scrapes are not requests.
+* ``replica_up``: ``1 - avg(avg_over_time(up{pool, kind="vllm"}[w]))``: the share of scrape
+  time the pool's vLLM targets were down (what ``availability`` measured before).
+
+**No request counted twice.** vLLM turns a request that finishes with reason ``error`` into an
+HTTP 500 when it is not streamed (``OpenAIServing._raise_if_error`` raises ``GenerationError``,
+status 500), so that request is in both counters; a streamed one has sent its 200 already and
+reports the error inside the stream (2xx, counted once, as ``error``); a 5xx with no finished
+request (engine dead, an exception before generation) is in ``http_requests_total`` only.
+Neither counter says which finished errors were streamed, so the engine assumes as many as
+possible were answered with that 500: bad = ``max(errors, 5xx)`` and the denominator gains the
+5xx answers beyond the finished errors, ``max(5xx - errors, 0)``. Exact when the window's
+failures are of one kind; when streamed errors and engine-less 5xx meet in one window it
+counts the smaller of the two once fewer (a lower bound, never a double count). The gateway's
+records have no such ambiguity.
 
 No data is ``None`` (with a ``reason``), never 0: an idle pool has no error ratio, it does not
 have a perfect one.
 
 vLLM's metrics carry no endpoint label (chat vs completions), so an SLO for one endpoint needs
 the gateway's per-request log: ``RequestLog`` is that seam. Without a log such an SLI is
-``None``; it never falls back to the all-endpoints numbers.
+``None``; it never falls back to the all-endpoints numbers. ``http_requests_total`` has no
+``model_name`` either: a pool's 5xx answers count toward the SLO of each model it serves.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -33,14 +55,21 @@ from slo.source import Source
 from slo.spec import SloSpec
 from vigil.conventions import (
     ENDPOINT_ALL,
+    ERROR_CLIENT_CANCEL,
     FINISHED_REASON_ERROR,
+    HTTP_METHOD_POST,
+    HTTP_STATUS_5XX_REGEX,
+    INDICATOR_REPLICA_UP,
     KIND_VLLM,
     LABEL_FINISHED_REASON,
+    LABEL_HTTP_METHOD,
+    LABEL_HTTP_STATUS,
     LABEL_KIND,
     LABEL_MODEL_NAME,
     LABEL_POOL,
     SERIES_UP,
     VLLM_E2E,
+    VLLM_HTTP_REQUESTS,
     VLLM_REQUEST_SUCCESS,
     VLLM_TTFT,
 )
@@ -48,12 +77,15 @@ from vigil.model import RequestRecord
 
 __all__ = [
     "REASON_ENDPOINT",
-    "REASON_ENDPOINT_AVAILABILITY",
+    "REASON_ENDPOINT_REPLICA_UP",
     "REASON_NO_DATA",
     "REASON_NO_REQUESTS",
+    "REASON_NO_REQUEST_DATA",
+    "HttpCounts",
     "RequestLog",
     "SliResult",
     "error_ratio",
+    "http_counts",
     "inf_bucket_count",
     "vllm_matchers",
 ]
@@ -61,15 +93,18 @@ __all__ = [
 REASON_NO_DATA = "no data in the window"
 REASON_NO_REQUESTS = "no requests in the window"
 REASON_ENDPOINT = "per-endpoint SLIs need the gateway's request log"
-REASON_ENDPOINT_AVAILABILITY = "availability is measured per replica (up), which has no endpoint"
+REASON_ENDPOINT_REPLICA_UP = "replica_up is measured per replica (up), which has no endpoint"
+REASON_NO_REQUEST_DATA = ("no request data: no gateway records for this pool and its replicas "
+                          "expose no http_requests_total (use replica_up for scrape health)")
+_5XX = re.compile(HTTP_STATUS_5XX_REGEX)
 
 
 class SliResult(NamedTuple):
     """One SLI evaluation.
 
-    ``error_ratio``: bad / total as a ratio 0-1 (bad time / time for availability), ``None``
+    ``error_ratio``: bad / total as a ratio 0-1 (bad time / time for replica_up), ``None``
     when there is no data; ``total``: the number of events (requests) it is based on, ``None``
-    for availability and when unknown; ``interpolated``: the latency threshold fell inside a
+    for replica_up and when unknown; ``interpolated``: the latency threshold fell inside a
     histogram bucket, so the ratio is an estimate; ``reason``: why ``error_ratio`` is ``None``
     ("" otherwise).
     """
@@ -121,21 +156,66 @@ def _latency(spec: SloSpec, source: Source, at_s: float, window_s: float) -> Sli
     return SliResult(1.0 - good, total, interpolated)
 
 
-def _error_rate(spec: SloSpec, source: Source, at_s: float, window_s: float) -> SliResult:
+class HttpCounts(NamedTuple):
+    """A pool's POST answers over a window, from ``http_requests_total`` (counts, floats as
+    ``increase`` gives them): ``total`` of every status, ``server_errors`` of the 5xx."""
+
+    total: float
+    server_errors: float
+
+
+def http_counts(source: Source, pool: str, at_s: float, window_s: float) -> HttpCounts | None:
+    """``sum(increase(http_requests_total{pool, kind="vllm", method="POST"}[w]))`` and its
+    ``status=~"5.."`` part; ``None`` when the pool's replicas expose no such series."""
+    m = {**vllm_matchers(pool), LABEL_HTTP_METHOD: HTTP_METHOD_POST}
+    total = source.increase(VLLM_HTTP_REQUESTS, m, at_s, window_s).get(())
+    if total is None:
+        return None
+    by_status = source.increase(VLLM_HTTP_REQUESTS, m, at_s, window_s, by=(LABEL_HTTP_STATUS,))
+    # vLLM creates a status's series at its first answer: no 5xx series is 0 server errors.
+    errors = math.fsum(v for labels, v in by_status.items()
+                       if _5XX.fullmatch(dict(labels).get(LABEL_HTTP_STATUS, "")))
+    return HttpCounts(total, errors)
+
+
+def _error_rate(spec: SloSpec, source: Source, at_s: float, window_s: float,
+                request_log: RequestLog | None = None) -> SliResult:
     m = vllm_matchers(spec.pool, spec.model)
     total = source.increase(VLLM_REQUEST_SUCCESS, m, at_s, window_s).get(())
     if total is None:
         return SliResult(None, reason=REASON_NO_DATA)
-    if total <= 0:
-        return SliResult(None, total, reason=REASON_NO_REQUESTS)
     bad_m = {**m, LABEL_FINISHED_REASON: FINISHED_REASON_ERROR}
     # vLLM exports every finished_reason child from startup; should the error child be missing
     # while others are present, there were no errors (PromQL: `... or vector(0)`).
     bad = source.increase(VLLM_REQUEST_SUCCESS, bad_m, at_s, window_s).get((), 0.0)
+    http = http_counts(source, spec.pool, at_s, window_s)
+    if http is not None:
+        # A non-streamed error is a finished error and a 500 (module docs): the 5xx beyond
+        # the finished errors are the failures that never finished in the engine.
+        five = http.server_errors
+        total = total + (five - bad if five > bad else 0.0)
+        bad = five if five > bad else bad
+    if total <= 0:
+        return SliResult(None, total, reason=REASON_NO_REQUESTS)
     return SliResult(bad / total, total)
 
 
-def _availability(spec: SloSpec, source: Source, at_s: float, window_s: float) -> SliResult:
+def _availability(spec: SloSpec, source: Source, at_s: float, window_s: float,
+                  request_log: RequestLog | None = None) -> SliResult:
+    if request_log is not None:
+        from_log = _availability_from_log(spec, request_log, at_s, window_s)
+        if from_log is not None:
+            return from_log
+    http = http_counts(source, spec.pool, at_s, window_s)
+    if http is None:
+        return SliResult(None, reason=REASON_NO_REQUEST_DATA)
+    if http.total <= 0:
+        return SliResult(None, http.total, reason=REASON_NO_REQUESTS)
+    return SliResult(http.server_errors / http.total, http.total)
+
+
+def _replica_up(spec: SloSpec, source: Source, at_s: float, window_s: float,
+                request_log: RequestLog | None = None) -> SliResult:
     # `up` carries no model_name: a pool's targets serve its model, so the pool is the unit.
     per_target = source.avg_over_time(SERIES_UP, vllm_matchers(spec.pool), at_s, window_s)
     mean = avg_aggregate(per_target, source.semantics)
@@ -144,12 +224,46 @@ def _availability(spec: SloSpec, source: Source, at_s: float, window_s: float) -
     return SliResult(1.0 - mean)
 
 
+def _latency_from(spec: SloSpec, source: Source, at_s: float, window_s: float,
+                  request_log: RequestLog | None = None) -> SliResult:
+    return _latency(spec, source, at_s, window_s)
+
+
+def _is_server_failure(r: RequestRecord) -> bool:
+    """A 5xx answer (502 reset or refused upstream, 503 no replica, 504 timeout) or a failure
+    after the answer started (the record's ``error``)."""
+    return r.error or r.status >= 500
+
+
+def _availability_from_log(spec: SloSpec, log: RequestLog, at_s: float,
+                           window_s: float) -> SliResult | None:
+    """Availability counted request by request; ``None`` when the log holds no request of
+    the SLO's pool, model and endpoint (the gateway is not in front of it)."""
+    records = [
+        r for r in log.records(spec.pool, at_s, window_s)
+        if r.model == spec.model and (spec.endpoint == ENDPOINT_ALL or r.endpoint == spec.endpoint)
+    ]
+    if not records:
+        return None
+    # A client that left before its answer got neither an answer nor a server error; every
+    # other request got one, 4xx refusals included (the client's fault is an answer).
+    answered = [r for r in records if r.error_class != ERROR_CLIENT_CANCEL]
+    if not answered:
+        return SliResult(None, 0.0, reason=REASON_NO_REQUESTS)
+    bad = float(sum(1 for r in answered if _is_server_failure(r)))
+    return SliResult(bad / len(answered), float(len(answered)))
+
+
 def _from_request_log(
     spec: SloSpec, log: RequestLog, at_s: float, window_s: float
 ) -> SliResult:
     """An SLI counted request by request (exact, never interpolated)."""
+    if spec.indicator == INDICATOR_REPLICA_UP:
+        return SliResult(None, reason=REASON_ENDPOINT_REPLICA_UP)
     if spec.indicator == "availability":
-        return SliResult(None, reason=REASON_ENDPOINT_AVAILABILITY)
+        from_log = _availability_from_log(spec, log, at_s, window_s)
+        return from_log if from_log is not None else SliResult(None, 0.0,
+                                                                reason=REASON_NO_REQUESTS)
     # Served requests only: a request refused before it reached a replica (401, 400, over
     # its cap, shed with 429) or one the client abandoned is neither good nor bad service,
     # as vLLM does not count client disconnects either. Server-side failures are bad.
@@ -175,10 +289,11 @@ def _from_request_log(
 
 
 _FROM_METRICS = {
-    "ttft": _latency,
-    "e2e": _latency,
+    "ttft": _latency_from,
+    "e2e": _latency_from,
     "error_rate": _error_rate,
     "availability": _availability,
+    INDICATOR_REPLICA_UP: _replica_up,
 }
 
 
@@ -192,7 +307,8 @@ def error_ratio(
 ) -> SliResult:
     """The error ratio (0-1) of ``spec`` over ``(at_s - window_s, at_s]`` (Unix seconds).
 
-    Endpoint ``"all"`` reads vLLM's metrics from ``source``; a single endpoint needs
+    Endpoint ``"all"`` reads vLLM's metrics from ``source`` (availability reads
+    ``request_log`` first when it holds the pool's requests); a single endpoint needs
     ``request_log`` and is ``None`` (with ``REASON_ENDPOINT``) without one.
     """
     if spec.indicator not in _FROM_METRICS:
@@ -206,4 +322,4 @@ def error_ratio(
         if request_log is None:
             return SliResult(None, reason=REASON_ENDPOINT)
         return _from_request_log(spec, request_log, at_s, window_s)
-    return _FROM_METRICS[spec.indicator](spec, source, at_s, window_s)
+    return _FROM_METRICS[spec.indicator](spec, source, at_s, window_s, request_log)

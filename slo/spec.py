@@ -19,7 +19,7 @@ __all__ = ["SloSpec", "default_slos", "effective_slos"]
 class SloSpec:
     """One SLO, fully specified.
 
-    ``objective``: ratio 0-1 of good events (good time, for availability);
+    ``objective``: ratio 0-1 of good events (good time, for replica_up);
     ``threshold_seconds``: the latency bound of a ``ttft``/``e2e`` SLO, ``None`` for the others;
     ``period_s``: the error budget's period in seconds.
     """
@@ -51,6 +51,8 @@ def _default_objective(config: Config, indicator: str) -> float:
         "e2e": d.e2e_objective,
         "error_rate": d.error_rate_objective,
         "availability": d.availability_objective,
+        # The old availability figure keeps its objective, so a migrated SLO keeps its budget.
+        "replica_up": d.availability_objective,
     }[indicator]
 
 

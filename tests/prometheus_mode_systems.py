@@ -77,7 +77,7 @@ def vigil_config_text(metrics_urls: Sequence[str], dead_url: str, model: str,
     # Two SLOs over a period inside the run, two over the default 30 days.
     for name, indicator, period in (("chat-ttft", "ttft", d(10)), ("chat-e2e", "e2e", ""),
                                     ("chat-error-rate", "error_rate", d(10)),
-                                    ("chat-availability", "availability", "")):
+                                    ("chat-replica-up", "replica_up", "")):
         lines += ["[[slos]]", f'name = "{name}"', 'pool = "chat"', f'indicator = "{indicator}"']
         if period:
             lines.append(f"period = {period}")

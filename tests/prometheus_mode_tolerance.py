@@ -14,7 +14,7 @@ the two answers are"):
   other side's buckets with every bucket fraction moved to either end of its own interval
   (``histogram_quantile`` falls as any fraction rises);
 * gauges read at a paused instant (KV cache, queue, ``up``) are equal, as is everything made
-  from them only (availability, GPU-hours, the KV and queue timelines of the scaling advice);
+  from them only (replica_up, GPU-hours, the KV and queue timelines of the scaling advice);
 * the idle share counts samples, so it may differ by a few samples per run of idle samples
   and by the difference of the sample counts (``idle_share_bound``);
 * derived numbers (burn rates, budgets, time to exhaustion, costs per request, the TTFT trend
@@ -34,6 +34,7 @@ from typing import Any
 from prometheus_mode_checker import Checker, masked
 from prometheus_mode_samples import SeriesId, Sides, idle_share_bound
 
+from slo.burn_rate import slo_burn_alerts
 from slo.scaling import fit_window_for, trend
 from slo.signals import sample_times, ttft_threshold_for
 from slo.spec import SloSpec, effective_slos
@@ -101,10 +102,11 @@ class StatusComparison:
                           f"extrapolation factors differ by x[{s.lo:.6f}, {s.hi:.6f}]")
 
     def per_increase(self, path: str, ours: Any, theirs: Any, w: float,
-                     series: Sequence[SeriesId]) -> None:
-        """``x / sum of increases`` (a cost per request)."""
+                     series: Sequence[SeriesId], x_scale: tuple[float, float] = (1.0, 1.0),
+                     ) -> None:
+        """``x / sum of increases`` (a cost per request); ``x`` within ``x_scale`` × theirs."""
         s = self.sides.spread(self.at, w, series)
-        lo, hi = _scaled(theirs, 1 / s.hi, 1 / s.lo)
+        lo, hi = _scaled(theirs, x_scale[0] / s.hi, x_scale[1] / s.lo)
         self.check.within(path, ours, theirs, lo, hi, f"per increase over {w:g}s")
 
     def ratio_bounds(self, theirs: float, w: float, num: Sequence[SeriesId],
@@ -121,8 +123,8 @@ class StatusComparison:
     def error_ratio_bounds(self, spec: SloSpec, theirs: float, w: float) -> tuple[float, float]:
         """The interval of an SLO's error ratio: ``bad / total`` for the error rate; ``1 - good
         fraction`` for latency, the good count being made of the buckets around the threshold;
-        availability exact (``up`` never changes here)."""
-        if spec.indicator == "availability":
+        replica_up exact (``up`` never changes here)."""
+        if spec.indicator == "replica_up":
             return theirs, theirs
         model = {LABEL_MODEL_NAME: spec.model}
         if spec.indicator == "error_rate":
@@ -190,7 +192,7 @@ class StatusComparison:
         self.check.same(f"{path}.kv_cache_usage", kv_o, kv_t)
         for key in ("queue_length", "replicas_up"):
             self.check.same(f"{path}.{key}", ours[key], theirs[key])
-        self.cost(f"{path}.cost", ours["cost"], theirs["cost"])
+        self.cost(f"{path}.cost", name, ours["cost"], theirs["cost"])
         self.scaling(f"{path}.scaling", name, ours["scaling"], theirs["scaling"])
         rest = (set(ours) | set(theirs)) - {"models", "kv_cache_usage", "queue_length",
                                             "replicas_up", "cost", "scaling"}
@@ -205,6 +207,12 @@ class StatusComparison:
         for key in sorted(set(q_o) | set(q_t)):
             if key in bases and isinstance(q_o.get(key), dict):
                 for qk in sorted(set(q_o[key]) | set(q_t[key])):
+                    if qk == "bounds":
+                        continue  # the bucket of each quantile, checked with the quantile
+                    if not qk.startswith("p"):
+                        self.check.same(f"{path}.quantiles.{key}.{qk}", q_o[key].get(qk),
+                                        q_t[key].get(qk))
+                        continue
                     q = float(qk[1:]) / 100
                     self.quantile(f"{path}.quantiles.{key}.{qk}", q_o[key].get(qk),
                                   q_t[key].get(qk), q, bases[key], w, model)
@@ -226,8 +234,21 @@ class StatusComparison:
         for key in sorted((set(ours) | set(theirs)) - {"quantiles", "tokens_per_request"}):
             self.check.same(f"{path}.{key}", ours.get(key), theirs.get(key))
 
-    def cost(self, path: str, ours: dict[str, Any], theirs: dict[str, Any]) -> None:
+    def cost(self, path: str, pool: str, ours: dict[str, Any], theirs: dict[str, Any]) -> None:
         w = self.config.engine.cost_window
+        # GPU time counts each target's up samples in the window: two scrapers on one schedule
+        # see one more or one fewer per target, each standing for its scrape interval.
+        p = self.config.pool(pool)
+        slack_h = sum(self.config.scrape_interval(t) for t in self.config.targets
+                      if t.pool == pool and t.kind == "vllm") / 3600 * p.gpus_per_replica
+        price = self.config.prices[p.gpu]
+        hours = theirs["gpu_hours"]
+        h_lo, h_hi = (0.0, 0.0) if hours is None else (max(0.0, hours - slack_h), hours + slack_h)
+        self.check.within(f"{path}.gpu_hours", ours["gpu_hours"], hours, h_lo, h_hi,
+                          "one up sample more or fewer per target")
+        self.check.within(f"{path}.cost_usd", ours["cost_usd"], theirs["cost_usd"],
+                          h_lo * price, h_hi * price, "gpu_hours x price")
+        c_lo, c_hi = (1.0, 1.0) if not hours else (h_lo / hours, h_hi / hours)
         metric = {"requests": VLLM_REQUEST_SUCCESS, "output_tokens": VLLM_GENERATION_TOKENS,
                   "per_1000_requests": VLLM_REQUEST_SUCCESS,
                   "per_million_output_tokens": VLLM_GENERATION_TOKENS}
@@ -242,7 +263,7 @@ class StatusComparison:
                                       series)
         for key in ("per_1000_requests", "per_million_output_tokens"):
             self.per_increase(f"{path}.{key}", ours[key], theirs[key], w,
-                              self.sides.counters((metric[key],)))
+                              self.sides.counters((metric[key],)), (c_lo, c_hi))
         interval = max(self.config.scrape_interval(t) for t in self.config.targets)
         bound = idle_share_bound(self.sides, self.at, w, interval)
         idle = theirs["idle_share"]
@@ -251,11 +272,12 @@ class StatusComparison:
                           "idle samples counted at different instants (idle_share_bound)")
         cost = theirs["cost_usd"]
         self.check.within(f"{path}.idle_cost_usd", ours["idle_cost_usd"],
-                          theirs["idle_cost_usd"], (cost or 0.0) * lo, (cost or 0.0) * hi,
+                          theirs["idle_cost_usd"], (cost or 0.0) * c_lo * lo,
+                          (cost or 0.0) * c_hi * hi,
                           "cost_usd x idle_share")
         done = {"requests", "output_tokens", "models", "per_1000_requests",
                 "per_million_output_tokens", "idle_share", "idle_cost_usd"}
-        # gpu_hours and cost_usd come from avg_over_time(up), constant here: equal.
+        done |= {"gpu_hours", "cost_usd"}
         for key in sorted((set(ours) | set(theirs)) - done):
             self.check.same(f"{path}.{key}", ours.get(key), theirs.get(key))
 
@@ -379,7 +401,8 @@ class StatusComparison:
             self.exhaustion(path, a, b, spec.period_s, (b_lo, b_hi))
             alerts_undecided = any(
                 lo_ <= row.factor <= hi_
-                for row in table for w_ in (row.long_window, row.short_window)
+                for row in slo_burn_alerts(table, spec.period_s)
+                for w_ in (row.long_window, row.short_window)
                 for lo_, hi_ in [bounds.get(w_, (math.nan, math.nan))])
             if a["alerts"] != b["alerts"] and alerts_undecided:
                 self.check.ambiguous.append(f"{path}.alerts")

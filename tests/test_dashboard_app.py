@@ -21,6 +21,7 @@ from test_dashboard_seed import AT, config_toml, seed_dashboard
 from test_slo_fleet import MODEL, OTHER_MODEL
 
 from dashboard import format as fmt
+from slo.quantiles import histogram_figures
 from vigil.conventions import DASHBOARD_ENV_AT, DASHBOARD_ENV_CONFIG
 
 REPO = Path(__file__).resolve().parent.parent
@@ -182,12 +183,13 @@ def test_quality_charts_end_at_the_status_values(seeded: Path, status: dict[str,
     assert at.title[0].value == "Quality"
     ttft = chart_with_label(at, "SLO chat-ttft ≤ 800 ms")
     last = ttft[ttft["time"] == ttft["time"].max()].set_index("series")["value"]
-    want = status["pools"]["chat"]["models"][MODEL]["quantiles"]["ttft_seconds"]
+    want = histogram_figures(status["pools"]["chat"]["models"][MODEL]["quantiles"]["ttft_seconds"])
     assert last.to_dict() == pytest.approx(want, rel=1e-12)
     assert ttft["time"].max() == pd.Timestamp(AT, unit="s", tz="UTC")
     e2e = chart_with_label(at, "SLO batch-e2e ≤ 8.00 s")
     last = e2e[e2e["time"] == e2e["time"].max()].set_index("series")["value"]
-    want = status["pools"]["batch"]["models"][OTHER_MODEL]["quantiles"]["e2e_seconds"]
+    want = histogram_figures(
+        status["pools"]["batch"]["models"][OTHER_MODEL]["quantiles"]["e2e_seconds"])
     assert last.to_dict() == pytest.approx(want, rel=1e-12)
     # 6 h at a 5-minute step: 72 grid points and the end, never more than 120.
     assert ttft["time"].nunique() == 73
@@ -339,7 +341,7 @@ def test_empty_store_shows_no_data_everywhere(tmp_path: Path,
     config = seed_dashboard(tmp_path, store=False)
     Store(tmp_path / "vigil.db").close()
     at = run_page(config, monkeypatch)
-    assert "No recent samples from any target." in texts(at)
+    assert "No `up` sample from any target in the last lookback." in texts(at)
     assert at.get_by_key("slo-chat-ttft").metric[0].value == fmt.NULL
     assert at.get_by_key("pool-chat").metric[0].value == fmt.NULL
     for page in PAGES:
@@ -471,8 +473,8 @@ def test_prometheus_source_shows_what_vigil_slo_status_reads_there(
     at = run_page(prometheus_config, monkeypatch, "quality", range="1h")
     ttft = chart_with_label(at, "SLO chat-ttft ≤ 800 ms")
     last = ttft[ttft["time"] == ttft["time"].max()].set_index("series")["value"]
-    assert last.to_dict() == pytest.approx(
-        status["pools"]["chat"]["models"][MODEL]["quantiles"]["ttft_seconds"], rel=1e-9)
+    assert last.to_dict() == pytest.approx(histogram_figures(
+        status["pools"]["chat"]["models"][MODEL]["quantiles"]["ttft_seconds"]), rel=1e-9)
 
 
 def test_oidc_login_button_when_st_login_is_configured(seeded: Path,

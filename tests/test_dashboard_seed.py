@@ -9,7 +9,7 @@ tests import ``test_slo_fleet``). The story, over ``SPAN_S`` ending at ``AT``:
   every ~40th step a 12,000-token generation (histogram anomaly), prefix caching and
   speculative decoding on, one DCGM target per replica;
 * pool ``batch`` (1 replica of Qwen on L40S): light, steady traffic, down for 20 minutes two
-  hours ago (availability below 100 %), a 12,000-token generation every ~45 minutes, no
+  hours ago (``up`` 0, no answers), a 12,000-token generation every ~45 minutes, no
   speculative decoding and no gateway records (so its anomalies are histogram estimates).
 
 Values need not be round: the tests compare what the dashboard shows with what `vigil slo
@@ -142,6 +142,11 @@ def _replica(w: _Writer, pool: str, model: str, instance: str, n: int) -> None:
     for reason in FINISHED_REASONS:
         w.counter("vllm:request_success_total", {**labels, "finished_reason": reason},
                   reasons[reason])
+    # vLLM's API server answers each (unstreamed) error with a 500: one request, counted once.
+    for status, counts in (("2xx", [s - e for s, e in zip(served, errors, strict=True)]),
+                           ("5xx", errors)):
+        w.counter("http_requests_total", {**target, "handler": "/v1/chat/completions",
+                                          "method": "POST", "status": status}, counts)
     every = 40 if pool == "chat" else 90  # a rare very long generation: a token anomaly
     gen = [[150.0] * int(s) + ([12000.0] if i % every == 0 and s else [])
            for i, s in enumerate(served)]

@@ -218,6 +218,10 @@ def test_slo_goal_in_words() -> None:
     assert slo_goal(_slo()) == "TTFT ≤ 800 ms for 95.00% of requests"
     assert slo_goal(_slo(indicator="error_rate", objective=0.995)) == (
         "errors ≤ 0.50% of requests")
+    assert slo_goal(_slo(indicator="availability", objective=0.995)) == (
+        "no server error for 99.50% of requests")
+    assert slo_goal(_slo(indicator="replica_up", objective=0.995)) == (
+        "replicas up 99.50% of the time")
     assert slo_goal(_slo(indicator="e2e", threshold_seconds=8.0, endpoint="chat")) == (
         "end-to-end ≤ 8.00 s for 95.00% of requests (chat)")
 

@@ -10,7 +10,7 @@ scraping every second. Load arrives in cycles of 6 s: 2 s of traffic (chat and c
 streaming or not, streams cancelled by the client, prompts of 11,000 tokens that are cost
 anomalies), then a 4 s pause in which no engine step runs; one cycle restarts a replica (every
 counter back to zero) mid-pause. It builds KV-cache pressure, a queue, TTFT past its SLO
-(burn-rate alerts, a scale-out), and an SLO that the dead target breaks (availability).
+(burn-rate alerts, a scale-out), and an SLO that the dead target breaks (replica_up).
 
 At five evaluation instants ``T``, each in the middle of a pause, ``vigil slo status --json
 --at T`` from the store and ``--prometheus-url URL`` are compared number by number.
@@ -30,7 +30,7 @@ The tolerance, derived (``docs/deploying.md``, "How close the two answers are"):
   sums (error ratios, burn rates, means, bucket fractions) within ``[lo_num / hi_den,
   hi_num / lo_den]``; a quantile lies between the quantiles of Prometheus's buckets with every
   bucket fraction moved to either end of its own interval (``histogram_quantile`` falls as any
-  fraction rises); gauges, availability and GPU-hours are equal; the idle share counts
+  fraction rises); gauges, replica_up and GPU-hours are equal; the idle share counts
   samples and may differ by a few samples per run of idle samples plus the sample-count
   difference; derived numbers carry their inputs' intervals through their formulas (the
   scaling advice's TTFT trend through the least-squares coefficients). A discrete outcome
@@ -67,7 +67,6 @@ from prometheus_mode_samples import (
     Sides,
     edge_violations,
     first_scrapes,
-    grid_jitter,
     probe_times,
     read_samples,
     status_windows,
@@ -209,12 +208,12 @@ def test_both_systems_hold_the_same_series_scraped_on_a_steady_grid(run: Run) ->
         for (metric, labels), (ts, vals) in side.items():
             if metric != SERIES_UP:
                 continue
-            # up never changes (no downtime, even across the restart): availability and
+            # up never changes (no downtime, even across the restart): replica_up and
             # GPU-hours are then exact on both sides.
             assert len(set(vals.tolist())) == 1, (name, labels)
-            # The idle-share bound assumes jitter under a quarter of the interval.
-            assert grid_jitter(ts, SCHEDULE.scrape_interval_s) < \
-                SCHEDULE.scrape_interval_s / 4, (name, labels)
+            assert len(ts) > 0, (name, labels)
+            # No premise on the scrape jitter: a scrape delayed by a busy machine widens the
+            # idle-share bound (idle_share_bound measures the jitter) instead of voiding it.
 
 
 def test_nothing_happened_between_the_two_systems_scrapes(run: Run) -> None:

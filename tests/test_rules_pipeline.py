@@ -134,10 +134,20 @@ def test_latency_thresholds_must_be_positive_and_finite(threshold: float | None)
 
 def test_error_rate_and_availability_expressions() -> None:
     err = sli_error_expr(_spec("error_rate"), 3600)
-    assert 'finished_reason="error"' in err and "\n  or\n  0 * sum by (pool, model_name)" in err
-    assert err.count("vllm:request_success_total{") == 3 and "[1h]" in err
+    assert 'finished_reason="error"' in err and "\n    or\n    0 * sum by (pool) (" in err
+    assert 'method="POST", status=~"5.."}[1h]' in err and "clamp_min(" in err
+    assert err.count("vllm:request_success_total{") == 8 and "[1h]" in err
     avail = sli_error_expr(_spec("availability"), 300)
-    assert avail == '1 - avg by (pool) (avg_over_time(up{pool="chat", kind="vllm"}[5m]))'
+    every = 'sum by (pool) (increase(http_requests_total{pool="chat", kind="vllm", method="POST"}'
+    assert avail == (
+        "(\n"
+        f'  {every[:-1]}, status=~"5.."}}[5m]))\n'
+        "  or\n"
+        f"  0 * {every}[5m]))\n"
+        ")\n/\n"
+        f"({every}[5m])) > 0)")
+    up = sli_error_expr(_spec("replica_up"), 300)
+    assert up == '1 - avg by (pool) (avg_over_time(up{pool="chat", kind="vllm"}[5m]))'
 
 
 def test_le_labels_are_spelled_as_vllm_spells_them() -> None:
@@ -235,8 +245,8 @@ def test_pool_group_records_quantiles_kv_queue_and_cost() -> None:
         'max by (pool) (avg by (pool, instance) (vllm:kv_cache_usage_perc{pool="batch", '
         'kind="vllm"}))')
     assert rules["vigil:gpu_cost_usd:sum30m"].expr == (
-        'sum by (pool) (avg_over_time(up{pool="batch", kind="vllm"}[30m])) * 1800 / 3600'
-        " * 2 * 2")
+        'sum by (pool) (clamp_max(sum_over_time(up{pool="batch", kind="vllm"}[30m]) * 15, 1800))'
+        " / 3600 * 2 * 2")
     per = rules["vigil:gpu_cost_usd_per_1000_requests:ratio30m"]
     assert per.expr.startswith('vigil:gpu_cost_usd:sum30m{pool="batch"}\n/\n')
     assert per.expr.endswith("> 0)\n* 1000")
@@ -401,12 +411,13 @@ def test_promtool_document_reads_both_rule_files() -> None:
     assert len(chat["promql_expr_test"]) == len(recorded)
     assert {t["alertname"] for t in chat["alert_rule_test"]} == {
         "ErrorBudgetBurn", "ErrorBudgetLow", "KvCacheUsageHigh", "TargetDown"}
-    # The default SLOs on the synthetic fleet: availability pages, three SLOs file tickets.
+    # The default SLOs on the synthetic fleet: availability (2 % of the answers are 5xx, the
+    # down replica answers none), the error rate and TTFT file tickets.
     burn = next(t for t in chat["alert_rule_test"] if t["alertname"] == "ErrorBudgetBurn")
     fired = sorted((a["exp_labels"]["slo"], a["exp_labels"]["severity"])
                    for a in burn["exp_alerts"])
-    assert fired == [("chat-availability", "page"), ("chat-availability", "ticket"),
-                     ("chat-error-rate", "ticket"), ("chat-ttft", "ticket")]
+    assert fired == [("chat-availability", "ticket"), ("chat-error-rate", "ticket"),
+                     ("chat-ttft", "ticket")]
 
 
 def test_series_source_answers_like_the_embedded_source(tmp_path: Path) -> None:

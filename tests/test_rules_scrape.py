@@ -44,6 +44,12 @@ DEADLINE_S = 60.0
 
 
 def _config(base: str, dead: str) -> Config:
+    # Naming "availability" in [[slos]] warns that it now counts requests, not scrapes.
+    with pytest.warns(DeprecationWarning, match="now measures requests"):
+        return _parse(base, dead)
+
+
+def _parse(base: str, dead: str) -> Config:
     return parse_config({
         "collector": {"scrape_interval": "1s", "scrape_timeout": "1s"},
         "pools": [{"name": "chat", "model": "meta-llama/Llama-3.1-8B-Instruct"}],
@@ -52,6 +58,13 @@ def _config(base: str, dead: str) -> Config:
             {"name": "chat-0-gpu", "url": f"{base}/dcgm/metrics", "pool": "chat",
              "kind": "dcgm"},
             {"name": "chat-1", "url": f"{dead}/metrics", "pool": "chat"},
+        ],
+        # The four default SLOs plus replica_up: the fixed bodies' counters never move, so
+        # only the scrape-based SLI has a period error budget to record.
+        "slos": [
+            {"name": f"chat-{indicator.replace('_', '-')}", "pool": "chat",
+             "indicator": indicator}
+            for indicator in ("ttft", "e2e", "error_rate", "availability", "replica_up")
         ],
     })
 

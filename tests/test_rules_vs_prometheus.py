@@ -30,7 +30,13 @@ from test_slo_fleet import LATENCY_LE, MODEL, OTHER_MODEL, TTFT_LE
 
 from alerts.rules import Rule, generate
 from collector.store import Store
-from slo.burn_rate import SloReport, budget_remaining, burn_rate, evaluate_slo
+from slo.burn_rate import (
+    SloReport,
+    budget_remaining,
+    burn_rate,
+    evaluate_slo,
+    slo_burn_alerts,
+)
 from slo.cost import pool_cost
 from slo.embedded import EmbeddedSource
 from slo.quantiles import model_quantiles, quantile_key
@@ -38,7 +44,7 @@ from slo.signals import kv_usage_at, queue_length_at
 from slo.sli import error_ratio
 from slo.source import Source
 from slo.spec import SloSpec
-from vigil.config import Config, parse_config
+from vigil.config import BurnRateAlert, Config, parse_config
 from vigil.model import Labels, SeriesKey, labels_of
 
 pytestmark = pytest.mark.slow
@@ -49,41 +55,45 @@ T0_MS = 1_760_000_000_000  # fixed, so every run builds identical blocks
 SPAN_MS = 7 * 3600 * 1000
 REASONS = ("stop", "length", "abort", "error", "repetition")
 
-CONFIG = parse_config({
-    "pools": [
-        {"name": "chat", "model": MODEL},
-        {"name": "batch", "model": OTHER_MODEL, "gpu": "L40S", "gpus_per_replica": 2},
-    ],
-    "targets": [
-        {"name": "chat-0", "url": "http://127.0.0.1:9/metrics", "pool": "chat"},
-        {"name": "chat-1", "url": "http://127.0.0.1:10/metrics", "pool": "chat"},
-        {"name": "batch-0", "url": "http://127.0.0.1:11/metrics", "pool": "batch"},
-    ],
-    "engine": {"promql_semantics": "2"},
-    "slos": [
-        {"name": "chat-ttft", "pool": "chat", "indicator": "ttft"},  # 0.8 in (0.75, 1.0]
-        {"name": "chat-ttft-bound", "pool": "chat", "indicator": "ttft",
-         "threshold_seconds": 1.0, "objective": 0.9},
-        {"name": "chat-ttft-low", "pool": "chat", "indicator": "ttft",
-         "threshold_seconds": 0.0004, "objective": 0.5},
-        {"name": "chat-ttft-high", "pool": "chat", "indicator": "ttft",
-         "threshold_seconds": 3000.0},
-        {"name": "chat-e2e", "pool": "chat", "indicator": "e2e"},  # 8 in (5, 10]
-        {"name": "chat-e2e-first", "pool": "chat", "indicator": "e2e",
-         "threshold_seconds": 0.3},
-        {"name": "chat-e2e-low", "pool": "chat", "indicator": "e2e",
-         "threshold_seconds": 0.1, "objective": 0.2},
-        {"name": "chat-error-rate", "pool": "chat", "indicator": "error_rate",
-         "period": "3d"},
-        {"name": "chat-availability", "pool": "chat", "indicator": "availability"},
-        {"name": "chat-completions-ttft", "pool": "chat", "indicator": "ttft",
-         "endpoint": "completions"},
-        {"name": "batch-ttft", "pool": "batch", "indicator": "ttft", "period": "7d"},
-        {"name": "batch-error-rate", "pool": "batch", "indicator": "error_rate",
-         "objective": 0.99},
-        {"name": "batch-availability", "pool": "batch", "indicator": "availability"},
-    ],
-})
+# An SLO on "availability" warns that it counts requests now (replica_up: the old figure).
+_AVAILABILITY_CHANGED = pytest.warns(DeprecationWarning, match="replica_up")
+with _AVAILABILITY_CHANGED:
+    CONFIG = parse_config({
+        "pools": [
+            {"name": "chat", "model": MODEL},
+            {"name": "batch", "model": OTHER_MODEL, "gpu": "L40S", "gpus_per_replica": 2},
+        ],
+        "targets": [
+            {"name": "chat-0", "url": "http://127.0.0.1:9/metrics", "pool": "chat"},
+            {"name": "chat-1", "url": "http://127.0.0.1:10/metrics", "pool": "chat"},
+            {"name": "batch-0", "url": "http://127.0.0.1:11/metrics", "pool": "batch"},
+        ],
+        "engine": {"promql_semantics": "2"},
+        "slos": [
+            {"name": "chat-ttft", "pool": "chat", "indicator": "ttft"},  # 0.8 in (0.75, 1.0]
+            {"name": "chat-ttft-bound", "pool": "chat", "indicator": "ttft",
+             "threshold_seconds": 1.0, "objective": 0.9},
+            {"name": "chat-ttft-low", "pool": "chat", "indicator": "ttft",
+             "threshold_seconds": 0.0004, "objective": 0.5},
+            {"name": "chat-ttft-high", "pool": "chat", "indicator": "ttft",
+             "threshold_seconds": 3000.0},
+            {"name": "chat-e2e", "pool": "chat", "indicator": "e2e"},  # 8 in (5, 10]
+            {"name": "chat-e2e-first", "pool": "chat", "indicator": "e2e",
+             "threshold_seconds": 0.3},
+            {"name": "chat-e2e-low", "pool": "chat", "indicator": "e2e",
+             "threshold_seconds": 0.1, "objective": 0.2},
+            {"name": "chat-error-rate", "pool": "chat", "indicator": "error_rate",
+             "period": "3d"},
+            {"name": "chat-availability", "pool": "chat", "indicator": "availability"},
+            {"name": "chat-replica-up", "pool": "chat", "indicator": "replica_up"},
+            {"name": "chat-completions-ttft", "pool": "chat", "indicator": "ttft",
+             "endpoint": "completions"},
+            {"name": "batch-ttft", "pool": "batch", "indicator": "ttft", "period": "7d"},
+            {"name": "batch-error-rate", "pool": "batch", "indicator": "error_rate",
+             "objective": 0.99},
+            {"name": "batch-availability", "pool": "batch", "indicator": "availability"},
+        ],
+    })
 RESULT = generate(CONFIG)
 
 
@@ -131,6 +141,7 @@ def _histogram(data: Data, rng: np.random.Generator, base: str, labels: dict[str
 
 def build() -> Data:
     rng = np.random.default_rng(SEED)
+    http_rng = np.random.default_rng(SEED + 1)
     data = Data()
     end = T0_MS + SPAN_MS
     # (instance, pool, model, first scrape, gap at scrape, gap ms, counter reset at, idle, down)
@@ -160,6 +171,22 @@ def build() -> Data:
                 values.append(v)
             data.add("vllm:request_success_total", {**labels, "finished_reason": reason},
                      "counter", times, values)
+        if pool == "chat":
+            # vLLM's API server; batch-0 exposes none (an older vLLM): availability absent,
+            # error_rate the finished-requests ratio. chat-1 does not group its statuses.
+            # Its own generator: every other series stays as it was. 5xx fewer than the
+            # finished errors on average, more in some windows: both sides of max(E, H).
+            statuses = {"2xx": 20.0, "4xx": 0.5, "5xx": 0.3} if instance == "chat-0" \
+                else {"200": 20.0, "500": 0.6, "503": 0.4}
+            for status, mean in statuses.items():
+                values, v = [], 3.0
+                for i in range(n):
+                    step = 0.0 if i in idle else float(http_rng.poisson(mean))
+                    v = step if i == reset_at else v + step
+                    values.append(v)
+                data.add("http_requests_total", {**target, "handler": "/v1/chat/completions",
+                                                 "method": "POST", "status": status},
+                         "counter", times, values)
         _histogram(data, rng, "vllm:time_to_first_token_seconds", labels, TTFT_LE, times,
                    reset_at, idle)
         _histogram(data, rng, "vllm:e2e_request_latency_seconds", labels, LATENCY_LE, times,
@@ -366,3 +393,29 @@ def test_alerts_fire_exactly_when_the_engine_says(prom: PrometheusServer,
             fired += bool(want)
             quiet += not want
     assert fired > 20 and quiet > 20
+
+
+def test_burn_alerts_of_other_periods_use_their_own_factors(prom: PrometheusServer,
+                                                            engine: Engine) -> None:
+    """The 3-day and the 7-day SLO page at their own factors (0.02 × 72 = 1.44 and 0.02 × 168 =
+    3.36 over 1h), on Prometheus as in the engine, and that decides: at several times a
+    30-day SLO's factors (14.4, 6) would not page."""
+    thirty_day = [
+        BurnRateAlert(severity=a.severity, factor=r.factor, long_window=a.long_window,
+                      short_window=a.short_window)
+        for a, r in zip(CONFIG.engine.burn_rate_alerts,
+                        slo_burn_alerts(CONFIG.engine.burn_rate_alerts, 30 * 86400.0),
+                        strict=True)]
+    decided = 0
+    for name, page_1h in (("chat-error-rate", "1.44"), ("batch-ttft", "3.36")):
+        spec = _spec(name)
+        (page,) = [r for r in RESULT.rules() if r.alert and r.origin.kind == "burn_alert"
+                   and r.origin.slo == name and r.origin.severity == "page"]
+        assert f"ratio_rate1h{{slo=\"{name}\"}} / (1 - {spec.objective}) > {page_1h}\n" \
+            in page.expr
+        for at in DATA.times_s:
+            fires = bool(prom.query(page.standalone, at))
+            assert fires == ("page" in engine.report(spec, at).alerts), (name, at)
+            decided += fires and "page" not in evaluate_slo(spec, engine.source, at,
+                                                            thirty_day).alerts
+    assert decided >= 3

@@ -122,6 +122,8 @@ def _cumulative(increments: np.ndarray, reset_at: int | None) -> np.ndarray:
 
 def build() -> Data:
     rng = np.random.default_rng(SEED)
+    # vLLM's API-server counter has its own generator, so every other series stays as it was.
+    http_rng = np.random.default_rng(SEED + 1)
     data = Data()
     # (instance, pool, start, scrape outage, restart at scrape #, down scrapes)
     replicas = [
@@ -151,6 +153,15 @@ def build() -> Data:
             inc = np.minimum(by_reason[:, j], requests).astype(float)
             data.add("vllm:request_success_total", {**labels, "finished_reason": reason},
                      "counter", times, _cumulative(inc, reset_at).tolist())
+        # http_requests_total by status (the availability SLI): grouped statuses on chat-0,
+        # plain codes elsewhere; restarts with the engine.
+        statuses = {"2xx": 20.0, "4xx": 0.5, "5xx": 0.3} if instance == "chat-0" \
+            else {"200": 20.0, "500": 0.2, "503": 0.1}
+        for status, mean in statuses.items():
+            answers = _cumulative(http_rng.poisson(mean, size=n).astype(float), reset_at)
+            data.add("http_requests_total",
+                     {**target_labels(instance, pool), "handler": "/v1/chat/completions",
+                      "method": "POST", "status": status}, "counter", times, answers.tolist())
         tokens = _cumulative(rng.poisson(3000, size=n).astype(float), reset_at).tolist()
         if instance == "batch-0":
             tokens[n // 3] = math.nan

@@ -20,7 +20,9 @@ from collector.store import Store
 from slo.embedded import EmbeddedSource
 from slo.sli import (
     REASON_ENDPOINT,
+    REASON_ENDPOINT_REPLICA_UP,
     REASON_NO_DATA,
+    REASON_NO_REQUEST_DATA,
     REASON_NO_REQUESTS,
     error_ratio,
 )
@@ -29,6 +31,8 @@ from vigil.model import RequestRecord
 
 TTFT = "vllm:time_to_first_token_seconds"
 E2E = "vllm:e2e_request_latency_seconds"
+HTTP = "http_requests_total"
+CHAT_HANDLER = "/v1/chat/completions"
 
 
 def spec(indicator: str, threshold: float | None = None, objective: float = 0.95,
@@ -112,7 +116,146 @@ def test_error_rate_with_no_finished_request_is_none_not_zero(
     assert result.reason == REASON_NO_REQUESTS
 
 
-def test_availability_with_a_replica_down_half_the_window(store: Store, fleet: Fleet) -> None:
+def http(fleet: Fleet, instance: str, per_step: dict[str, float], *,
+         handler: str = CHAT_HANDLER, method: str = "POST", pool: str = "chat") -> None:
+    """vLLM's ``http_requests_total`` of one replica, one counter per status."""
+    for status, n in per_step.items():
+        fleet.counter(HTTP, {**target_labels(instance, pool), "handler": handler,
+                             "method": method, "status": status}, n)
+
+
+def test_error_rate_without_http_requests_total_is_the_finished_requests_ratio(
+    store: Store, fleet: Fleet
+) -> None:
+    # An older vLLM or another server: no http_requests_total, the figure stays as it was.
+    fleet.requests(vllm_labels("chat-0"), {"stop": 95, "error": 5})
+    fleet.up("chat-0")
+    fleet.flush()
+    result = error_ratio(spec("error_rate"), EmbeddedSource(store), AT, 300)
+    assert (result.error_ratio, result.total) == (5 / 100, 100 * 20)
+
+
+def test_error_rate_counts_a_non_streamed_error_once_though_it_is_also_a_500(
+    store: Store, fleet: Fleet
+) -> None:
+    # Per step 5 requests finish with reason error, unstreamed: vLLM answers each with a 500.
+    fleet.requests(vllm_labels("chat-0"), {"stop": 95, "error": 5})
+    http(fleet, "chat-0", {"2xx": 95, "5xx": 5})
+    fleet.flush()
+    result = error_ratio(spec("error_rate"), EmbeddedSource(store), AT, 300)
+    assert result.error_ratio == pytest.approx(5 / 100, rel=1e-12)
+    assert result.total == pytest.approx(100 * 20, rel=1e-12)
+
+
+def test_error_rate_counts_a_streamed_error_after_its_200(store: Store, fleet: Fleet) -> None:
+    # Streamed: the 200 was sent before the error, which vLLM reports inside the stream.
+    fleet.requests(vllm_labels("chat-0"), {"stop": 95, "error": 5})
+    http(fleet, "chat-0", {"2xx": 100})
+    fleet.flush()
+    result = error_ratio(spec("error_rate"), EmbeddedSource(store), AT, 300)
+    assert result.error_ratio == pytest.approx(5 / 100, rel=1e-12)
+
+
+def test_error_rate_adds_5xx_answers_that_never_finished_in_the_engine(
+    store: Store, fleet: Fleet
+) -> None:
+    # 100 finished fine; 10 got a 500 or 503 with no finished request (engine dead, an
+    # exception before generation): 10 bad of 110 served. A 4xx is not a server failure.
+    fleet.requests(vllm_labels("chat-0"), {"stop": 100})
+    http(fleet, "chat-0", {"200": 100, "500": 6, "503": 4, "400": 3})
+    fleet.flush()
+    result = error_ratio(spec("error_rate"), EmbeddedSource(store), AT, 300)
+    assert result.error_ratio == pytest.approx(10 / 110, rel=1e-12)
+    assert result.total == pytest.approx(110 * 20, rel=1e-12)
+
+
+def test_error_rate_of_a_dead_engine_answering_only_500s_is_one(
+    store: Store, fleet: Fleet
+) -> None:
+    fleet.requests(vllm_labels("chat-0"), {})
+    http(fleet, "chat-0", {"5xx": 7})
+    fleet.flush()
+    result = error_ratio(spec("error_rate"), EmbeddedSource(store), AT, 300)
+    assert (result.error_ratio, result.total) == (1.0, 7 * 20)
+
+
+def test_availability_is_the_5xx_share_of_post_answers(store: Store, fleet: Fleet) -> None:
+    # chat-0: 90 ok, 5 refused by vLLM (4xx: an answer, not a server error), 5 server errors;
+    # chat-1: 100 ok; GET /v1/models polls are not requests for service; batch is elsewhere.
+    http(fleet, "chat-0", {"2xx": 90, "4xx": 5, "5xx": 5})
+    http(fleet, "chat-1", {"2xx": 100})
+    http(fleet, "chat-0", {"2xx": 1000}, handler="/v1/models", method="GET")
+    http(fleet, "batch-0", {"5xx": 50}, pool="batch")
+    fleet.up("chat-0", value=0.0)  # scrapes are not requests
+    fleet.flush()
+    result = error_ratio(spec("availability", objective=0.995), EmbeddedSource(store), AT, 300)
+    assert result.error_ratio == pytest.approx(5 / 200, rel=1e-12)
+    assert result.total == pytest.approx(200 * 20, rel=1e-12)
+
+
+def test_availability_reads_ungrouped_statuses(store: Store, fleet: Fleet) -> None:
+    # should_group_status_codes=False: 200, 500 and 503 apart; 5.. matches both 5xx.
+    http(fleet, "chat-0", {"200": 90, "500": 6, "503": 4})
+    fleet.flush()
+    result = error_ratio(spec("availability"), EmbeddedSource(store), AT, 300)
+    assert result.error_ratio == pytest.approx(10 / 100, rel=1e-12)
+
+
+def test_availability_without_a_5xx_series_is_zero(store: Store, fleet: Fleet) -> None:
+    http(fleet, "chat-0", {"2xx": 10})  # vLLM creates the 5xx series at the first 5xx
+    fleet.flush()
+    assert error_ratio(spec("availability"), EmbeddedSource(store), AT, 300).error_ratio == 0.0
+
+
+def test_availability_without_request_data_is_none_not_scrapes(
+    store: Store, fleet: Fleet
+) -> None:
+    fleet.up("chat-0", value=0.0)
+    fleet.requests(vllm_labels("chat-0"), {"stop": 10})
+    fleet.flush()
+    result = error_ratio(spec("availability"), EmbeddedSource(store), AT, 300)
+    assert (result.error_ratio, result.reason) == (None, REASON_NO_REQUEST_DATA)
+
+
+def test_availability_with_no_post_in_the_window_is_none(store: Store, fleet: Fleet) -> None:
+    http(fleet, "chat-0", {"2xx": 0})
+    fleet.flush()
+    result = error_ratio(spec("availability"), EmbeddedSource(store), AT, 300)
+    assert (result.error_ratio, result.reason) == (None, REASON_NO_REQUESTS)
+
+
+def _answer(i: int, status: int, error_class: str = "", *, error: bool = False,
+            endpoint: str = "chat") -> RequestRecord:
+    return RequestRecord(f"a{i}", AT - i, "chat", MODEL, endpoint, 100, 10, 0.1, 1.0,
+                         error, error_class=error_class, status=status)
+
+
+def test_availability_from_the_gateway_records_counts_every_server_failure(
+    store: Store, fleet: Fleet
+) -> None:
+    log = _Log([
+        _answer(1, 200), _answer(2, 200), _answer(3, 200, endpoint="completions"),
+        _answer(4, 400, "bad_request"),  # an answer: the client's fault
+        _answer(5, 429, "rejected"),  # shed with Retry-After: an answer, not a 5xx
+        _answer(6, 502, "upstream_5xx", error=True),  # connection refused or reset
+        _answer(7, 504, "timeout", error=True),
+        _answer(8, 503, "rejected"),  # no healthy replica
+        _answer(9, 200, "upstream_5xx", error=True),  # a stream that broke after its 200
+        _answer(10, 200, "client_cancel"),  # left before the answer: neither
+    ])
+    http(fleet, "chat-0", {"2xx": 100})  # the records win where they exist
+    fleet.flush()
+    src = EmbeddedSource(store)
+    result = error_ratio(spec("availability"), src, AT, 300, request_log=log)
+    assert (result.error_ratio, result.total) == (4 / 9, 9.0)
+    chat = error_ratio(spec("availability", endpoint="chat"), src, AT, 300, request_log=log)
+    assert (chat.error_ratio, chat.total) == (4 / 8, 8.0)
+    # Records of another pool only: vLLM's counters answer.
+    other = _Log([RequestRecord("b", AT - 1, "batch", MODEL, "chat", 1, 1, status=500)])
+    assert error_ratio(spec("availability"), src, AT, 300, request_log=other).error_ratio == 0.0
+
+
+def test_replica_up_with_a_replica_down_half_the_window(store: Store, fleet: Fleet) -> None:
     fleet.up("chat-0")
     # chat-1 is down for the last 300 s of the 600 s window: 20 of its 40 samples are 0.
     last = fleet.steps - 1
@@ -120,19 +263,25 @@ def test_availability_with_a_replica_down_half_the_window(store: Store, fleet: F
     fleet.gauge("up", target_labels("chat-0-gpu", kind="dcgm"), 0.0)  # not a vLLM target
     fleet.up("other-0", pool="batch", value=0.0)
     fleet.flush()
-    result = error_ratio(spec("availability", objective=0.995), EmbeddedSource(store), AT, 600)
+    result = error_ratio(spec("replica_up", objective=0.995), EmbeddedSource(store), AT, 600)
     assert result.error_ratio == pytest.approx(0.25, rel=1e-12)
     assert result.total is None
+    log = _Log([_answer(1, 200)])
+    per_endpoint = error_ratio(spec("replica_up", endpoint="chat"), EmbeddedSource(store), AT,
+                               600, request_log=log)
+    assert (per_endpoint.error_ratio, per_endpoint.reason) == (None, REASON_ENDPOINT_REPLICA_UP)
 
 
 @pytest.mark.parametrize("indicator,threshold", [
-    ("ttft", 0.8), ("e2e", 8.0), ("error_rate", None), ("availability", None)])
+    ("ttft", 0.8), ("e2e", 8.0), ("error_rate", None), ("replica_up", None)])
 def test_every_indicator_is_none_without_data(
     store: Store, indicator: str, threshold: float | None
 ) -> None:
     result = error_ratio(spec(indicator, threshold), EmbeddedSource(store), AT, 300)
     assert result.error_ratio is None
     assert result.reason == REASON_NO_DATA
+    empty = error_ratio(spec("availability"), EmbeddedSource(store), AT, 300)
+    assert (empty.error_ratio, empty.reason) == (None, REASON_NO_REQUEST_DATA)
 
 
 def test_latency_with_no_request_in_the_window_is_none(store: Store, fleet: Fleet) -> None:

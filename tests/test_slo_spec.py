@@ -70,3 +70,34 @@ def test_spec_is_frozen_and_knows_its_budget() -> None:
 
 def test_no_pools_no_slos() -> None:
     assert effective_slos(parse_config({})) == []
+
+
+def test_replica_up_is_the_scrape_figure_with_the_availability_objective() -> None:
+    cfg = parse_config({"pools": POOLS, "slo_defaults": {"availability_objective": 0.99},
+                        "slos": [{"name": "chat-up", "pool": "chat",
+                                  "indicator": "replica_up"}]})
+    (up,) = effective_slos(cfg)
+    assert (up.indicator, up.objective, up.threshold_seconds) == ("replica_up", 0.99, None)
+
+
+def test_an_availability_slo_warns_that_it_now_counts_requests(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    data = {"pools": POOLS, "slos": [
+        {"name": "chat-avail", "pool": "chat", "indicator": "availability"},
+        {"name": "chat-errors", "pool": "chat", "indicator": "error_rate"},
+    ]}
+    with pytest.warns(DeprecationWarning, match=r"slos\[0\] \('chat-avail'\).*now measures "
+                      r"requests.*replica_up") as caught:
+        cfg = parse_config(data, file="vigil.toml")
+    assert len(caught) == 1
+    assert "vigil.toml" in str(caught[0].message)
+    assert "replica_up" in caplog.text
+    # The SLO keeps its name and objective; its indicator is the request-based one.
+    assert [s.indicator for s in effective_slos(cfg)] == ["availability", "error_rate"]
+
+
+def test_the_default_availability_slo_does_not_warn() -> None:
+    # The defaults are not a configuration to migrate (pytest turns warnings into errors).
+    specs = effective_slos(parse_config({"pools": POOLS[:1]}))
+    assert [s.indicator for s in specs][-1] == "availability"

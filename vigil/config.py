@@ -168,6 +168,9 @@ class PoolConfig(_Section):
     gpus_per_replica: int = Field(default=1, ge=1)
     min_replicas: int = Field(default=1, ge=0)
     max_replicas: int = Field(default=8, ge=1)
+    #: Bill the pool's replicas while down too (``up == 0`` samples): for fleets whose
+    #: crashed pods still hold their GPUs. Off: a replica costs only the time it was up.
+    bill_down_time: bool = False
     #: How the pool's vLLM servers are launched (``vigil vllm-args``).
     vllm: VllmProfileConfig = VllmProfileConfig()
 
@@ -251,7 +254,10 @@ class AnomalyConfig(_Section):
     window: Duration = 3600.0
 
 
-Indicator = Literal["ttft", "e2e", "error_rate", "availability"]
+#: ``availability``: the share of requests answered without a server error (from the
+#: gateway's records, else vLLM's ``http_requests_total``); ``replica_up``: the share of scrape
+#: time the pool's vLLM targets were up (what ``availability`` measured before).
+Indicator = Literal["ttft", "e2e", "error_rate", "availability", "replica_up"]
 Endpoint = Literal["chat", "completions", "all"]
 
 
@@ -264,7 +270,8 @@ class SloConfig(_Section):
     model: str | None = None
     endpoint: Endpoint = "all"
     indicator: Indicator
-    #: Ratio 0-1 of good events (or good time, for availability); default from [slo_defaults].
+    #: Ratio 0-1 of good events (good time, for replica_up); default from [slo_defaults]
+    #: (replica_up takes availability_objective).
     objective: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
     #: Latency indicators only; default from [slo_defaults].
     threshold_seconds: Annotated[float, Field(gt=0)] | None = None
@@ -272,16 +279,32 @@ class SloConfig(_Section):
 
 
 class BurnRateAlert(_Section):
-    """One row of the multiwindow multi-burn-rate table (SRE workbook, table 5-8)."""
+    """One row of the multiwindow multi-burn-rate table (SRE workbook, table 5-8).
+
+    A row gives ``budget_share`` (each SLO's factor is then derived from its own period,
+    ``slo.burn_rate.alert_factor``) or a fixed ``factor``, not both.
+    """
 
     severity: Literal["page", "ticket"]
-    #: Burn rate: how many times faster than "exactly on budget" the budget is spent.
-    factor: float = Field(gt=0)
+    #: Share 0-1 of the SLO period's error budget the alert may spend in its long window;
+    #: each SLO's factor is budget_share × period / long_window (0.02 over 1h: 14.4 for a
+    #: 30-day SLO, 3.36 for a 7-day one).
+    budget_share: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    #: A fixed burn rate for every SLO whatever its period: how many times faster than
+    #: "exactly on budget" the budget is spent. Instead of budget_share.
+    factor: Annotated[float, Field(gt=0)] | None = None
     long_window: Duration
     short_window: Duration
 
     @model_validator(mode="after")
     def _check(self) -> BurnRateAlert:
+        if self.budget_share is not None and self.factor is not None:
+            raise ValueError("budget_share and factor are both given: keep one (budget_share "
+                             "derives each SLO's factor from its period, factor is the same "
+                             "for every period)")
+        if self.budget_share is None and self.factor is None:
+            raise ValueError("give budget_share (share 0-1 of the budget spent in "
+                             "long_window) or factor (a fixed burn rate)")
         if not 0 < self.short_window < self.long_window:
             raise ValueError("short_window must be more than 0 and less than long_window")
         return self
@@ -776,7 +799,22 @@ def parse_config(data: dict[str, Any], *, file: str = "<config>") -> Config:
     problems = _check_references(cfg)
     if problems:
         raise _many(problems, file)
+    _warn_availability_changed(cfg, file)
     return cfg
+
+
+def _warn_availability_changed(cfg: Config, file: str) -> None:
+    """A ``DeprecationWarning`` (also logged) per SLO that names ``availability``: its meaning
+    changed from scrapes to requests, and ``replica_up`` is the old figure."""
+    for i, slo in enumerate(cfg.slos):
+        if slo.indicator != "availability":
+            continue
+        message = (f"{file}: slos[{i}] ({slo.name!r}): indicator \"availability\" now measures "
+                   "requests (the share answered without a server error: 5xx, refused or reset "
+                   "connections, timeouts), no longer scrapes; for the share of scrape time the "
+                   "replicas were up (the old figure) use indicator = \"replica_up\"")
+        _log.warning("%s", message)
+        warnings.warn(message, DeprecationWarning, stacklevel=3)
 
 
 def _many(problems: list[tuple[str, str]], file: str) -> ConfigError:

@@ -60,6 +60,16 @@ LABEL_FINISHED_REASON = "finished_reason"
 LABEL_LE = "le"
 #: The ``finished_reason`` that is a server-side failure (HTTP 500); the others are not errors.
 FINISHED_REASON_ERROR = "error"
+#: vLLM's API server, instrumented by prometheus-fastapi-instrumentator: one counter per
+#: ``handler``, ``method`` and ``status`` (grouped, ``"2xx"``, by default; ``"503"`` when
+#: ungrouped). No ``model_name``: a replica's answers, whatever the model.
+VLLM_HTTP_REQUESTS = "http_requests_total"
+LABEL_HTTP_METHOD = "method"
+LABEL_HTTP_STATUS = "status"
+#: The method of the inference endpoints: GETs (``/v1/models``) are not requests for service.
+HTTP_METHOD_POST = "POST"
+#: ``status`` values that are server errors, as a PromQL regex (matches ``5xx`` and ``503``).
+HTTP_STATUS_5XX_REGEX = "5.."
 #: Histogram sample suffixes.
 SUFFIX_BUCKET = "_bucket"
 SUFFIX_SUM = "_sum"
@@ -67,8 +77,13 @@ SUFFIX_COUNT = "_count"
 
 #: SLO indicators and the default SLO names ``<pool>-<suffix>`` (one per indicator, in this order).
 SLO_INDICATORS = ("ttft", "e2e", "error_rate", "availability")
+#: Every indicator an SLO may name: the defaults plus ``replica_up`` (the share of scrape time
+#: the pool's vLLM targets were up), which no default SLO uses.
+INDICATOR_REPLICA_UP = "replica_up"
+ALL_INDICATORS = (*SLO_INDICATORS, INDICATOR_REPLICA_UP)
 SLO_NAME_SUFFIXES = {
     "ttft": "ttft", "e2e": "e2e", "error_rate": "error-rate", "availability": "availability",
+    "replica_up": "replica-up",
 }
 LATENCY_INDICATORS = ("ttft", "e2e")
 #: The endpoint value meaning "every endpoint together" (vLLM's own metrics have no endpoint).

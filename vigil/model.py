@@ -117,6 +117,12 @@ class RequestRecord(NamedTuple):
     #: GPU cost attributed to the request (USD); a cache hit costs 0 and saves ``saved_usd``.
     cost_usd: float | None = None
     saved_usd: float | None = None
+    #: Where the token counts come from: "usage" (the server's own count), "chunks" (streamed
+    #: content chunks counted, a lower bound), "unknown"; "" when the log does not say.
+    tokens_source: str = ""
+    #: The HTTP status the client got (0 when the log does not say); a stream that failed
+    #: after its 200 keeps 200 and has ``error`` set.
+    status: int = 0
 
 
 def finite(value: float) -> bool:

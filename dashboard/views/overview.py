@@ -21,7 +21,7 @@ from dashboard.status_view import (
 )
 from dashboard.timeseries import chart_step, chart_times
 from vigil.config import PoolConfig
-from vigil.conventions import SOURCE_EMBEDDED
+from vigil.conventions import INDICATOR_REPLICA_UP, SOURCE_EMBEDDED
 
 ctx = data.context()
 #: Points of the cost sparkline (a glance at the trend; the Business page has the detail).
@@ -46,11 +46,12 @@ def _targets(at_s: float) -> None:
                  + ". Its last scrape failed; `vigil targets --config "
                  f"{ctx.path}` shows the error.", icon=":material/cloud_off:")
     if silent and len(silent) == len(states):
-        st.warning("**No recent samples from any target.** Is the collector running? Start "
+        st.warning("**No `up` sample from any target in the last lookback.** Each scrape "
+                   "writes one: is the collector running? Start "
                    f"`vigil serve --config {ctx.path}`.", icon=":material/hourglass_empty:")
     elif silent:
-        st.warning("**No recent samples from** " + ", ".join(f"`{t.name}`" for t in silent)
-                   + " (nothing in the last lookback).", icon=":material/hourglass_empty:")
+        st.warning("**No `up` sample from** " + ", ".join(f"`{t.name}`" for t in silent)
+                   + " in the last lookback.", icon=":material/hourglass_empty:")
 
 
 def _cost_trend(pool: PoolConfig, at_s: float) -> list[float]:
@@ -121,7 +122,10 @@ def _slo_tile(slo: Mapping[str, Any]) -> None:
         delta = None if sli is None or objective is None else (
             f"{(sli - objective) * 100:+.2f} pp vs objective")
         st.metric(f"SLI over {slo.get('period')}", fmt.percent(sli, 2), delta=delta,
-                  help=slo.get("reason") or "Good events (or good time) over the period.")
+                  help=slo.get("reason") or (
+                      "Share of scrape time the replicas were up, over the period."
+                      if slo.get("indicator") == INDICATOR_REPLICA_UP
+                      else "Good requests over the period."))
         budget = slo.get("budget_remaining")
         st.progress(0.0 if budget is None else min(1.0, max(0.0, budget)),
                     text=f"Error budget left: **{fmt.percent(budget, 1)}**")

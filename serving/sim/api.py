@@ -253,6 +253,10 @@ async def _complete(runner: EngineRunner, request: Request, kind: Kind, handle: 
     except EngineStopped as exc:
         return JSONResponse(error_body(str(exc), type="InternalServerError", code=500),
                             status_code=500)
+    if req.finish_reason == "error":
+        # vLLM's _raise_if_error: GenerationError, answered with a 500.
+        return JSONResponse(error_body("Internal server error", type="InternalServerError",
+                                       code=500), status_code=500)
     text = generated_text(text_seed, 0, req.num_generated)
     build = chat_response if kind == "chat" else completion_response
     return JSONResponse(build(rid=rid, created=created, model=model, text=text,
@@ -269,6 +273,12 @@ async def _stream(kind: Kind, handle: RequestHandle, *, rid: str, created: int, 
     first = True
     try:
         async for delta in handle.deltas():
+            if delta.finish_reason == "error":
+                # The 200 is sent: vLLM reports the GenerationError inside the stream.
+                yield sse(error_body("Internal server error", type="InternalServerError",
+                                     code=500))
+                yield SSE_DONE
+                return
             text = generated_text(text_seed, delta.start, delta.stop)
             use = usage(prompt_tokens, delta.stop) if continuous else None
             if kind == "chat":

@@ -247,20 +247,35 @@ class Engine:
         self._publish_gauges()
         return req
 
+    def _take(self, request_id: str) -> EngineRequest | None:
+        """Remove an unfinished request from the engine (batch or queue); None if unknown."""
+        req = self.requests.pop(request_id, None)
+        if req is not None:
+            (self.running if req.status is RequestStatus.RUNNING else self.waiting).remove(req)
+        return req
+
     def abort(self, request_id: str) -> bool:
         """Abort a request at once: it leaves the batch or queue and its blocks are freed.
 
         Returns False when the request is unknown or already finished. Like a client disconnect
         in vLLM, this records no statistics (``OutputProcessor.abort_requests`` bypasses them).
         """
-        req = self.requests.pop(request_id, None)
+        req = self._take(request_id)
         if req is None:
             return False
-        if req.status is RequestStatus.RUNNING:
-            self.running.remove(req)
-        else:
-            self.waiting.remove(req)
         self._release(req, "abort")
+        self._publish_gauges()
+        return True
+
+    def fail(self, request_id: str, now: float) -> bool:
+        """Finish a request with reason ``error`` (vLLM's retryable internal error, e.g. a KV
+        load failure): unlike an abort it is a finished request, counted in
+        ``request_success_total{finished_reason="error"}``. False when unknown or finished."""
+        req = self._take(request_id)
+        if req is None:
+            return False
+        self._release(req, "error")
+        self.observer.on_finished(req, now)
         self._publish_gauges()
         return True
 

@@ -11,7 +11,7 @@ from serving.sim.text import Prompt
 __all__ = ["EngineRequest", "FinishReason", "RequestStatus"]
 
 #: ``stop``: natural end (EOS); ``length``: hit max_tokens or max_model_len; ``abort``: aborted.
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "error"]
 
 
 class RequestStatus(enum.Enum):

@@ -128,6 +128,16 @@ class EngineRunner:
         self._handles.pop(request_id, None)
         return self.engine.abort(request_id)
 
+    def fail(self, request_id: str) -> bool:
+        """Finish a request with reason ``error`` now (``Engine.fail``); its handler answers
+        as vLLM does: a 500, or an error event inside a stream that has sent its 200."""
+        if not self.engine.fail(request_id, self._clock()):
+            return False
+        handle = self._handles.pop(request_id, None)
+        if handle is not None:
+            handle.notify()
+        return True
+
     def start(self) -> None:
         """Start the engine loop on the running event loop."""
         if self._task is None:
