@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from slo.quantiles import SOURCE_GATEWAY, quantile_range
+from slo.quantiles import SOURCE_GATEWAY, quantile_range, seconds_bucket_text
 from vigil.durations import format_duration
 
 __all__ = [
@@ -120,14 +120,9 @@ def timestamp(value: float | None) -> str:
 
 def seconds_range(lo: float, hi: float) -> str:
     """A histogram bucket of seconds: ``(0, 0.3]`` -> ``"≤ 300 ms"``, ``(0.1, 0.25]`` ->
-    ``"100–250 ms"``, ``(1, 2.5]`` -> ``"1–2.5 s"``, ``(60, +Inf)`` -> ``"> 60 s"``."""
-    if math.isinf(hi):
-        return f"> {seconds(lo)}"
-    if lo <= 0:
-        return f"≤ {seconds(hi)}"
-    if hi < 1:
-        return f"{lo * 1000:g}–{hi * 1000:g} ms"
-    return f"{lo:g}–{hi:g} s"
+    ``"100–250 ms"``, ``(1, 2.5]`` -> ``"1–2.5 s"`` (``slo.quantiles.seconds_bucket_text``,
+    which ``vigil slo status`` prints too)."""
+    return seconds_bucket_text(lo, hi)
 
 
 def tokens_range(lo: float, hi: float) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from slo.quantiles import QUANTILE_SOURCES, quantile_range
+from slo.quantiles import QUANTILE_SOURCES, quantile_range, seconds_bucket_text
 from slo.sli import RequestLog
 from slo.source import Source
 from vigil.cli_options import (
@@ -167,14 +167,8 @@ def _seconds(v: float) -> str:
 
 
 def _seconds_range(lo: float, hi: float) -> str:
-    """A bucket of seconds: ``≤300ms``, ``100–250ms``, ``1–2.5s``, ``>60s``."""
-    if math.isinf(hi):
-        return f">{_seconds(lo)}"
-    if lo <= 0:
-        return f"≤{_seconds(hi)}"
-    if hi < 1:
-        return f"{lo * 1000:g}–{hi * 1000:g}ms"
-    return f"{lo:g}–{hi:g}s"
+    """A bucket of seconds, compact: ``≤300ms``, ``100–250ms``, ``1–2.5s``."""
+    return seconds_bucket_text(lo, hi, sep="")
 
 
 def _tokens_range(lo: float, hi: float) -> str:

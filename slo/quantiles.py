@@ -82,6 +82,7 @@ __all__ = [
     "quantile_range",
     "records_cover",
     "sample_quantile",
+    "seconds_bucket_text",
 ]
 
 #: The quantiles reported for every latency histogram (ratios 0-1).
@@ -226,6 +227,24 @@ def histogram_figures(block: Mapping[str, Any]) -> dict[str, float | None]:
     are what ``histogram_quantile`` gives on a Prometheus (charts, recording rules)."""
     figures = block.get("histogram", block) if block.get("source") == SOURCE_GATEWAY else block
     return {k: v for k, v in figures.items() if k.startswith("p") and k[1:2].isdigit()}
+
+
+def seconds_bucket_text(lo: float, hi: float, sep: str = " ") -> str:
+    """A histogram bucket of seconds as a reader sees it: ``(0, 0.3]`` -> ``"≤ 300 ms"``,
+    ``(0.1, 0.25]`` -> ``"100–250 ms"``, ``(1, 2.5]`` -> ``"1–2.5 s"``, ``(60, +Inf)`` ->
+    ``"> 60.00 s"``; ``sep`` goes between a sign or number and its unit (``""`` for the
+    compact table of ``vigil slo status``, a space on the dashboard)."""
+
+    def bound(v: float) -> str:
+        return f"{v * 1000:.0f}{sep}ms" if abs(v) < 1 else f"{v:.2f}{sep}s"
+
+    if math.isinf(hi):
+        return f">{sep}{bound(lo)}"
+    if lo <= 0:
+        return f"≤{sep}{bound(hi)}"
+    if hi < 1:
+        return f"{lo * 1000:g}–{hi * 1000:g}{sep}ms"
+    return f"{lo:g}–{hi:g}{sep}s"
 
 
 def quantile_range(

@@ -131,7 +131,7 @@ class LoopbackServer:
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = handle_any
 
             def log_message(self, *args: object) -> None:
-                pass
+                """Quiet: the test reads ``requests``, not stderr."""
 
         return Handler
 

@@ -8,7 +8,6 @@ import argparse
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from helpers import free_port
 from test_dashboard_seed import config_toml
 
 from dashboard.cli import APP_PATH, add_arguments, listen_address, streamlit_command
+from vigil.children import port_free
 from vigil.config import parse_config
 from vigil_shell.cli import main
 
@@ -144,16 +144,6 @@ def _alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _until(what: str, check: Callable[[], bool], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -192,7 +182,7 @@ def test_streamlit_stops_with_the_command(tmp_path: Path, sig: int) -> None:
         if sig != signal.SIGKILL:
             assert proc.returncode == 0, log.read_text()[-3000:]
         _until("Streamlit still runs", lambda: not _alive(streamlit[0]), STOP_TIMEOUT_S)
-        _until(f"port {port} still bound", lambda: _port_free(port), STOP_TIMEOUT_S)
+        _until(f"port {port} still bound", lambda: port_free(port), STOP_TIMEOUT_S)
     finally:
         for pid in [proc.pid, *streamlit]:
             with contextlib.suppress(ProcessLookupError):

@@ -105,12 +105,11 @@ class Demo:
     def look(self) -> None:
         """One look at the store, the status and the webhook's log."""
         if not self.seen >= TARGETS and (self.data / "vigil.db").exists():
-            try:
-                with Store(self.data / "vigil.db", readonly=True) as store:
-                    self.seen = {k.as_dict()["instance"] for k, v in store.points("up").items()
-                                 if any(p.value == 1.0 for p in v)}
-            except StoreError:
-                pass  # the collector is still creating the schema
+            # A StoreError: the collector is still creating the schema; look again later.
+            with contextlib.suppress(StoreError), \
+                    Store(self.data / "vigil.db", readonly=True) as store:
+                self.seen = {k.as_dict()["instance"] for k, v in store.points("up").items()
+                             if any(p.value == 1.0 for p in v)}
         if self.seen >= TARGETS and self.scale_out is None:
             chat = _status(self.data / "vigil.toml")["pools"]["chat"]["scaling"]
             if chat and chat["action"] == "scale_out":

@@ -15,7 +15,7 @@ SCHEMA = ("CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY, v INTEGER)",)
 
 
 class OtherError(VigilError):
-    pass
+    """A store's own error leaf, to see that ``error=`` is what gets raised."""
 
 
 def test_opens_in_wal_with_the_schema_and_creates_the_directory(tmp_path: Path) -> None:
@@ -66,7 +66,7 @@ def test_after_begin_failure_rolls_back(tmp_path: Path) -> None:
         raise StoreError("stale")
 
     with pytest.raises(StoreError, match="stale"), db.transaction(after_begin=check):
-        pass
+        raise AssertionError("the block runs only after after_begin succeeded")
     assert not db.conn.in_transaction
 
 
@@ -84,7 +84,7 @@ def test_readonly_never_creates_and_never_writes(tmp_path: Path) -> None:
     Database(tmp_path / "x.db", schema=SCHEMA).close()
     ro = Database(tmp_path / "x.db", readonly=True)
     with pytest.raises(StoreError, match="open read-only"), ro.transaction():
-        pass
+        raise AssertionError("a read-only database opens no transaction")
     with pytest.raises(StoreError, match="readonly"):
         ro.execute("INSERT INTO t VALUES ('a', 1)")
 

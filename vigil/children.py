@@ -17,12 +17,21 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["STOP_SIGNALS", "StopRequest", "die_with_parent", "spawn", "stop", "stop_signals"]
+__all__ = [
+    "STOP_SIGNALS",
+    "StopRequest",
+    "die_with_parent",
+    "port_free",
+    "spawn",
+    "stop",
+    "stop_signals",
+]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 #: The signals that stop a parent and its children; SIGHUP too: closing the terminal must stop
@@ -92,3 +101,15 @@ def stop_signals(signals: Sequence[int] = STOP_SIGNALS) -> Iterator[StopRequest]
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether ``port`` can be bound on ``host`` now: a server child that is gone no longer
+    holds it (``SO_REUSEADDR``, so its TIME_WAIT connections do not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True

@@ -16,6 +16,7 @@ store would otherwise make (and once made differently).
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -238,15 +239,14 @@ class Database:
                         callback()
 
     def _rollback(self, conn: sqlite3.Connection, depth: int, marks: tuple[int, int]) -> None:
-        try:
+        # A failed rollback is not reported: the original error is the one worth reporting.
+        with contextlib.suppress(sqlite3.Error):
             if depth == 0:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
             else:
                 conn.execute(f"ROLLBACK TO vigil_{depth}")
                 conn.execute(f"RELEASE vigil_{depth}")
-        except sqlite3.Error:
-            pass  # the original error is the one worth reporting
         undo_mark, commit_mark = marks
         del self._committed[commit_mark:]
         while len(self._undo) > undo_mark:

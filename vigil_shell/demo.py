@@ -20,7 +20,6 @@ import contextlib
 import hashlib
 import json
 import secrets
-import socket
 import subprocess
 import sys
 import threading
@@ -33,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from vigil.children import StopRequest, stop, stop_signals
+from vigil.children import StopRequest, port_free, stop, stop_signals
 from vigil.children import spawn as spawn_child
 from vigil.cli_options import duration_arg
 from vigil.conventions import SIM_DCGM_PATH
@@ -195,16 +194,6 @@ def demo_config(plan: DemoPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _vigil(*args: str) -> list[str]:
     return [sys.executable, "-m", "vigil_shell.cli", *args]
 
@@ -319,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
     ports = plan.all_ports()
     if args.no_dashboard:
         ports.remove(plan.dashboard_port)
-    busy = [p for p in ports if not _port_free(p)]
+    busy = [p for p in ports if not port_free(p)]
     if busy:
         print(
             f"vigil demo: error: port(s) {', '.join(map(str, busy))} on 127.0.0.1 are in use; "

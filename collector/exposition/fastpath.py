@@ -157,7 +157,7 @@ class FastPath:
                     raise Bad(duplicate(name, bucket, first))
                 if check is not None:
                     check(le, value, les, lineno)
-                samples.append(new_tuple(Sample, (name, bucket, value, *NO_TS_TAIL)))
+                samples.append(new_tuple(Sample, (name, bucket, value) + NO_TS_TAIL))  # noqa: RUF005 (see SAMPLE_TAIL)
                 bound = les.get(le)
                 if bound is None:
                     bound = les[le] = le_value(le, lineno)

@@ -143,7 +143,7 @@ def _parse_lines(lines: list[str]) -> list[Metric]:
             if first != lineno:
                 raise Bad(duplicate(sname, labels, first))
             fam.samples.append(
-                new_tuple(Sample, (sname, labels, value, ts, exemplar, *SAMPLE_TAIL)))
+                new_tuple(Sample, (sname, labels, value, ts, exemplar) + SAMPLE_TAIL))  # noqa: RUF005 (see SAMPLE_TAIL)
             if fam.groups is None:
                 continue
             hist = fam.groups.get((group, ts_key))

@@ -13,7 +13,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 
 from collector.exposition.body import DEFAULT_SOURCE, parse_body
-from collector.exposition.families import ADDED_TOTAL, SAMPLE_TAIL, new_tuple
+from collector.exposition.families import ADDED_TOTAL, NO_EXEMPLAR_TAIL, new_tuple
 from collector.exposition.fastpath import FastPath, skip_lines
 from collector.exposition.histograms import HistGroup, finish_histogram, hist_bucket
 from collector.exposition.labels import label_entry, parse_label_set
@@ -146,7 +146,7 @@ def _parse_lines(lines: list[str]) -> list[Metric]:
             first = seen.setdefault((sname, group_key, le, ts), lineno)
             if first != lineno:
                 raise Bad(duplicate(sname, labels, first))
-            sample = new_tuple(Sample, (sname, labels, value, ts, None, *SAMPLE_TAIL))
+            sample = new_tuple(Sample, (sname, labels, value, ts) + NO_EXEMPLAR_TAIL)  # noqa: RUF005 (see SAMPLE_TAIL)
             if sname in allowed:
                 samples.append(sample)
                 if groups is None:
