@@ -5,6 +5,7 @@ compared; ``structure_differences`` lists key paths or nulls found on one side o
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -93,7 +94,8 @@ class Checker:
                                      "Prometheus (null on one side only)")
             return
         lo, hi = min(lo, hi), max(lo, hi)
-        eps = REL_EPS * max(abs(lo), abs(hi), 1e-12)
+        # An infinite bound (an interval open on that side) must not widen the other one.
+        eps = REL_EPS * max([abs(x) for x in (lo, hi) if math.isfinite(x)] + [1e-12])
         if not lo - eps <= ours <= hi + eps:
             self.failures.append(
                 f"{path}: {ours!r} from the store, {theirs!r} from Prometheus; allowed "

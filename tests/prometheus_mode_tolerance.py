@@ -443,8 +443,10 @@ class StatusComparison:
         if ours is None and (budget[0] <= 0 or burn_lo <= 0):
             self.check.ambiguous.append(key)
             return
-        self.check.within(key, ours, theirs, budget[0] * period_s / burn_hi,
-                          budget[1] * period_s / burn_lo,
+        # A 1 h burn rate whose lower bound is 0 (the interval admits no errors at all) puts
+        # no upper bound on the time to exhaustion.
+        upper = budget[1] * period_s / burn_lo if burn_lo > 0 else math.inf
+        self.check.within(key, ours, theirs, budget[0] * period_s / burn_hi, upper,
                           "budget_remaining x period / burn_rate(1h)")
 
     def anomalies(self, ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> None:
