@@ -15,6 +15,7 @@ from vigil.config import (
     ApiKeyConfig,
     BurnRateAlert,
     Config,
+    DiscoveryConfig,
     PoolConfig,
     SloConfig,
     TargetConfig,
@@ -106,13 +107,14 @@ def test_example_documents_every_key_with_a_comment():
             keys_in_file.add(key)
     for field in _fields(Config):
         # tables of their own, checked below
-        if field in ("prices", "pools", "targets", "slos", "engine.burn_rate_alerts",
+        if field in ("prices", "pools", "targets", "discovery", "slos", "engine.burn_rate_alerts",
                      "alerts.routes", "gateway.api_keys"):
             continue
         assert field in keys_in_file, f"{field} missing from example"
     # arrays of tables too
     for section, sub in (
-        ("pools", PoolConfig), ("targets", TargetConfig), ("slos", SloConfig),
+        ("pools", PoolConfig), ("targets", TargetConfig), ("discovery", DiscoveryConfig),
+        ("slos", SloConfig),
         ("engine.burn_rate_alerts", BurnRateAlert), ("alerts.routes", AlertRouteConfig),
         ("gateway.api_keys", ApiKeyConfig), ("pools.vllm", VllmProfileConfig),
     ):

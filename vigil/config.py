@@ -25,9 +25,17 @@ from pydantic import (
     model_validator,
 )
 
-from vigil.conventions import TARGET_KINDS
+from vigil.conventions import KIND_VLLM, TARGET_KINDS, TARGET_LABELS
 from vigil.durations import parse_duration
 from vigil.errors import ConfigError
+from vigil.selectors import (
+    DEFAULT_REPLICA_LABEL,
+    Selector,
+    SelectorError,
+    check_label_name,
+    default_pool_selector,
+    parse_selector,
+)
 
 __all__ = [
     "DEFAULT_PRICES",
@@ -41,6 +49,7 @@ __all__ = [
     "CollectorConfig",
     "Config",
     "DashboardConfig",
+    "DiscoveryConfig",
     "EngineConfig",
     "GatewayConfig",
     "KedaConfig",
@@ -173,6 +182,59 @@ class PoolConfig(_Section):
     bill_down_time: bool = False
     #: How the pool's vLLM servers are launched (``vigil vllm-args``).
     vllm: VllmProfileConfig = VllmProfileConfig()
+    #: PromQL label matchers choosing the pool's vLLM series in a Prometheus that scrapes them
+    #: itself (e.g. ``namespace="llm", service="chat-vllm"``; ``=``, ``!=``, ``=~``, ``!~``).
+    #: "" (default): the labels Vigil's own scrape jobs add, ``pool="<name>", kind="vllm"``.
+    selector: str = ""
+    #: The same for the pool's DCGM exporter series; "" (default): ``pool, kind="dcgm"``.
+    dcgm_selector: str = ""
+    #: The label that tells the pool's replicas apart in a selector's series (e.g. ``pod``).
+    #: Series Vigil scraped itself always use ``instance`` (its target's name).
+    replica_label: str = DEFAULT_REPLICA_LABEL
+
+    @field_validator("selector", "dcgm_selector")
+    @classmethod
+    def _selector(cls, v: str) -> str:
+        if v.strip():
+            try:
+                parse_selector(v)
+            except SelectorError as exc:
+                raise ValueError(f"not a valid PromQL label selector: {exc}") from None
+        elif v:
+            raise ValueError("an empty selector selects every series; leave the key out to "
+                             "select the pool by Vigil's own labels")
+        return v
+
+    @field_validator("replica_label")
+    @classmethod
+    def _replica_label(cls, v: str) -> str:
+        try:
+            return check_label_name(v)
+        except SelectorError as exc:
+            raise ValueError(str(exc)) from None
+
+    def series(self, kind: str = KIND_VLLM, *, external: bool = True) -> Selector:
+        """The matchers of the pool's ``kind`` ("vllm" or "dcgm") series.
+
+        ``external``: read from a Prometheus (the engine's Prometheus source, generated rules,
+        KEDA triggers): the pool's ``selector`` / ``dcgm_selector`` when set. Otherwise, and
+        always in Vigil's own store, whose series its collector labelled itself:
+        ``{pool="<name>", kind="<kind>"}``.
+        """
+        text = self.selector if kind == KIND_VLLM else self.dcgm_selector
+        if external and text:
+            return parse_selector(text)
+        return default_pool_selector(self.name, kind)
+
+    def replica_label_for(self, *, external: bool = True) -> str:
+        """The label telling replicas apart: ``replica_label`` in a Prometheus, ``instance``
+        in Vigil's own store."""
+        return self.replica_label if external else DEFAULT_REPLICA_LABEL
+
+    @property
+    def has_selector(self) -> bool:
+        """Whether the pool's vLLM series are chosen by a ``selector`` in a Prometheus."""
+        return bool(self.selector)
 
     @model_validator(mode="after")
     def _check(self) -> PoolConfig:
@@ -196,6 +258,22 @@ class TargetConfig(_Section):
     scrape_timeout: Duration | None = None
     #: The OpenAI API base of a vLLM target; default: ``url`` without ``/metrics``.
     api_url: str | None = None
+    #: Extra labels of the target's series (as a Prometheus static_config's ``labels``); the
+    #: labels Vigil sets itself (instance, pool, kind) cannot be overridden.
+    labels: dict[str, str] = {}
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            try:
+                check_label_name(name)
+            except SelectorError as exc:
+                raise ValueError(str(exc)) from None
+            if name.startswith("__") or name in TARGET_LABELS:
+                raise ValueError(f"label {name!r} is reserved (Vigil sets instance, pool and "
+                                 "kind; __-prefixed labels are internal)")
+        return v
 
     @field_validator("url", "api_url")
     @classmethod
@@ -209,6 +287,80 @@ class TargetConfig(_Section):
             return self.api_url.rstrip("/")
         url = self.url
         return url[: -len("/metrics")] if url.endswith("/metrics") else url.rstrip("/")
+
+
+class DiscoveryConfig(_Section):
+    """Targets found at run time, in Prometheus's own discovery formats (exactly one of
+    ``files``, ``url`` and ``names``). A discovered group names its pool with the label
+    ``pool_label`` (and its kind with ``kind``); ``pool`` / ``kind`` here are the defaults of a
+    group that does not. The group's other labels (not ``__``-prefixed) are added to its
+    targets' series, as Prometheus adds them."""
+
+    #: Shown as the targets' origin (``vigil targets``); unique.
+    name: str = Field(min_length=1)
+    #: file_sd: JSON or YAML files (globs allowed) of ``[{"targets": [...], "labels": {...}}]``,
+    #: re-read when they change; relative paths are relative to the config file.
+    files: list[str] = []
+    #: http_sd: a URL answering the same JSON, polled every ``refresh_interval``.
+    url: str = ""
+    #: DNS: names whose records give the targets (e.g. a Kubernetes headless service).
+    names: list[str] = []
+    #: DNS record type: A / AAAA (with ``port``) or SRV (the record gives host and port).
+    type: Literal["A", "AAAA", "SRV"] = "A"
+    #: The port of A / AAAA targets.
+    port: int | None = Field(default=None, ge=1, le=65535)
+    #: The DNS server as ``host:port`` (IPv6 in brackets); "" (default): the system's resolver.
+    nameserver: str = ""
+    #: How often the source is read again (seconds).
+    refresh_interval: Duration = 30.0
+    #: Default pool of a group without ``pool_label``; "" = such a group is skipped (logged).
+    pool: str = ""
+    #: Default kind of a group without a ``kind`` label.
+    kind: Literal["vllm", "dcgm"] = "vllm"
+    #: The group label naming the pool.
+    pool_label: str = "pool"
+    scheme: Literal["http", "https"] = "http"
+    metrics_path: str = "/metrics"
+    #: Override ``[collector]`` for the discovered targets (seconds).
+    scrape_interval: Duration | None = None
+    scrape_timeout: Duration | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        return check_http_url(v) if v else v
+
+    @field_validator("pool_label")
+    @classmethod
+    def _label(cls, v: str) -> str:
+        try:
+            return check_label_name(v)
+        except SelectorError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("metrics_path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"must start with '/', got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> DiscoveryConfig:
+        given = [k for k in ("files", "url", "names") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError("give exactly one of files (file_sd), url (http_sd) and names "
+                             f"(DNS), not {' and '.join(given) or 'none'}")
+        if self.names and self.type != "SRV" and self.port is None:
+            raise ValueError(f"{self.type} records carry no port: give port")
+        if self.refresh_interval <= 0:
+            raise ValueError("refresh_interval must be more than 0 seconds")
+        return self
+
+    @property
+    def mechanism(self) -> Literal["file_sd", "http_sd", "dns"]:
+        """Which of Prometheus's discovery mechanisms this is."""
+        return "file_sd" if self.files else "http_sd" if self.url else "dns"
 
 
 class SloDefaults(_Section):
@@ -563,6 +715,8 @@ class Config(_Section):
     collector: CollectorConfig = CollectorConfig()
     pools: list[PoolConfig] = []
     targets: list[TargetConfig] = []
+    #: Targets found at run time (file_sd, http_sd, DNS), besides the static ``targets``.
+    discovery: list[DiscoveryConfig] = []
     prices: dict[str, Annotated[float, Field(ge=0)]] = Field(
         default_factory=lambda: dict(DEFAULT_PRICES)
     )
@@ -757,6 +911,19 @@ def _check_references(cfg: Config) -> list[tuple[str, str]]:
             problems.append((f"targets[{i}].scrape_timeout",
                              f"{t.scrape_timeout:g}s is more than the target's scrape "
                              f"interval ({cfg.scrape_interval(t):g}s)"))
+    discovery_names = [d.name for d in cfg.discovery]
+    for i, d in enumerate(cfg.discovery):
+        if discovery_names.index(d.name) != i:
+            problems.append((f"discovery[{i}].name", f"duplicate discovery name {d.name!r}"))
+        if d.pool and d.pool not in pool_names:
+            known = ", ".join(repr(n) for n in pool_names) or "none defined"
+            problems.append(
+                (f"discovery[{i}].pool", f"pool {d.pool!r} does not exist (pools: {known})")
+            )
+        if d.scrape_timeout is not None and d.scrape_timeout > (
+                d.scrape_interval or cfg.collector.scrape_interval):
+            problems.append((f"discovery[{i}].scrape_timeout",
+                             "is more than the targets' scrape interval"))
     return problems
 
 
