@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from alerts.conditions import ConditionState, evaluate_conditions, kv_usage_by_replica
+from alerts.conditions import ConditionState, evaluate_conditions
 from alerts.notifier import read_status
-from slo.sli import vllm_matchers
+from slo.signals import kv_usage_by_pool_replica
 from slo.source import Source
 from vigil.config import Config
 from vigil.conventions import (
@@ -31,7 +31,6 @@ from vigil.conventions import (
     LABEL_SEVERITY,
     LABEL_SLO,
     SEVERITY_PAGE,
-    VLLM_KV_CACHE_USAGE,
 )
 
 __all__ = ["FROM_CONDITIONS", "FROM_SERVE", "alert_rows", "evaluated_alerts", "served_alerts"]
@@ -74,12 +73,11 @@ def served_alerts(outbox_path: Path, now_s: float) -> list[dict[str, Any]] | Non
 def evaluated_alerts(config: Config, status: Mapping[str, Any], source: Source, at_s: float
                      ) -> list[dict[str, Any]]:
     """The alert conditions of `vigil serve` evaluated once over ``status`` at ``at_s``, with
-    each replica's KV-cache usage read as `vigil serve` reads it."""
-    pool_of = {t.name: t.pool for t in config.targets}
+    each replica's KV-cache usage read as `vigil serve` reads it (through the pool's selector
+    in a Prometheus, ``slo.signals.kv_usage_by_pool_replica``)."""
     kv: dict[tuple[str, str], float] = {}
     for pool in config.pools:
-        vector = source.instant(VLLM_KV_CACHE_USAGE, vllm_matchers(pool.name), at_s)
-        kv.update(kv_usage_by_replica(vector, pool_of))
+        kv.update(kv_usage_by_pool_replica(source, pool, at_s))
     alerts, _ = evaluate_conditions(config, status, [], ConditionState(), at_s, kv_usage=kv,
                                     down_streaks={})
     return alert_rows([a.as_dict() for a in alerts], FROM_CONDITIONS)

@@ -38,7 +38,7 @@ from slo.source import Source
 from slo.spec import SloSpec, effective_slos
 from slo.status import evaluate
 from vigil.clock import Clock, system_clock
-from vigil.config import Config, load_config
+from vigil.config import Config, PoolConfig, load_config
 from vigil.conventions import DASHBOARD_ENV_AT, DASHBOARD_ENV_CONFIG
 from vigil.errors import ConfigError, StoreError, VigilError
 
@@ -222,23 +222,34 @@ def _exact_anomalies(e: Env, t: float, pool: str, window_s: float) -> dict[str, 
     return {"records": len(records), "rows": gateway_data.anomaly_rows(found, records)}
 
 
-#: kind -> the engine evaluation of one point: ``fn(env, t, *args)``.
+def _pool(e: Env, name: str) -> PoolConfig | str:
+    """The configured pool called ``name`` (its series chosen by its selector where the source
+    is a Prometheus), or the bare name for a pool the config no longer has."""
+    try:
+        return e.config.pool(name)
+    except KeyError:
+        return name
+
+
+#: kind -> the engine evaluation of one point: ``fn(env, t, *args)``. Pools travel as names
+#: (cache keys) and are resolved to their configuration here.
 _POINTS: dict[str, Callable[..., Any]] = {
-    "quantile": lambda e, t, pool, w, metric: timeseries.quantile_point(e.source, pool, t, w,
-                                                                        metric),
-    "mean": lambda e, t, pool, w, metric: timeseries.mean_point(e.source, pool, t, w, metric),
-    "finished": lambda e, t, pool, w, model: timeseries.finished_point(e.source, pool, t, w,
-                                                                       model),
+    "quantile": lambda e, t, pool, w, metric: timeseries.quantile_point(
+        e.source, _pool(e, pool), t, w, metric),
+    "mean": lambda e, t, pool, w, metric: timeseries.mean_point(e.source, _pool(e, pool), t, w,
+                                                                metric),
+    "finished": lambda e, t, pool, w, model: timeseries.finished_point(
+        e.source, _pool(e, pool), t, w, model),
     "burn": lambda e, t, slo, w: timeseries.burn_point(e.spec(slo), e.source, t, w, e.log),
     "kv": lambda e, t, pool: timeseries.kv_point(e.source, e.config.pool(pool), t),
     "queue": lambda e, t, pool: timeseries.queue_point(e.source, e.config.pool(pool), t),
-    "sm": lambda e, t, pool: timeseries.sm_point(e.source, pool, t),
-    "ratio": lambda e, t, pool, w, num, den: timeseries.counter_ratio_point(e.source, pool, t,
-                                                                            w, num, den),
-    "rate": lambda e, t, pool, w, metric: timeseries.counter_rate_point(e.source, pool, t, w,
-                                                                        metric),
+    "sm": lambda e, t, pool: timeseries.sm_point(e.source, _pool(e, pool), t),
+    "ratio": lambda e, t, pool, w, num, den: timeseries.counter_ratio_point(
+        e.source, _pool(e, pool), t, w, num, den),
+    "rate": lambda e, t, pool, w, metric: timeseries.counter_rate_point(
+        e.source, _pool(e, pool), t, w, metric),
     "distribution": lambda e, t, pool, w, metric: timeseries.histogram_distribution(
-        e.source, pool, t, w, metric),
+        e.source, _pool(e, pool), t, w, metric),
     "cost": lambda e, t, pool, w: timeseries.cost_point(e.source, e.config,
                                                         e.config.pool(pool), t, w),
     "anomalies": _anomalies,

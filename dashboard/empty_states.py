@@ -5,6 +5,8 @@ backfill unless ingested with ``--no-up``) and something to divide it by (finish
 generated tokens). A chart with no point says which of the two the range lacks, so that "no
 request finished" is never shown beside a table of finished requests. Pure functions of the
 engine's ``cost`` blocks (see ``slo.cost.pool_cost``).
+
+``has_dcgm`` says whether a pool can have DCGM series at all, for the Server page's GPU chart.
 """
 
 from __future__ import annotations
@@ -12,9 +14,26 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from vigil.conventions import SERIES_UP, VLLM_GENERATION_TOKENS_HIST, VLLM_REQUESTS_RUNNING
+from vigil.config import Config, PoolConfig
+from vigil.conventions import (
+    KIND_DCGM,
+    SERIES_UP,
+    VLLM_GENERATION_TOKENS_HIST,
+    VLLM_REQUESTS_RUNNING,
+)
 
-__all__ = ["NO_UP", "cost_gap", "missing_cost", "no_up", "tier_gap", "tokens_gap"]
+__all__ = ["NO_UP", "cost_gap", "has_dcgm", "missing_cost", "no_up", "tier_gap", "tokens_gap"]
+
+
+def has_dcgm(config: Config, pool: PoolConfig, *, external: bool) -> bool:
+    """Whether ``pool`` has a source of DCGM series: a ``[[targets]]`` of kind "dcgm", a
+    ``[[discovery]]`` whose targets default to kind "dcgm" and to this pool (or name their
+    pool per group), or, read from a Prometheus (``external``), a ``dcgm_selector``."""
+    if any(t.pool == pool.name and t.kind == KIND_DCGM for t in config.targets):
+        return True
+    if any(d.kind == KIND_DCGM and d.pool in ("", pool.name) for d in config.discovery):
+        return True
+    return external and bool(pool.dcgm_selector)
 
 
 def no_up(*, one_pool: bool = False, where: str = "the range") -> str:

@@ -16,6 +16,10 @@ A point's window is at least its step (like Grafana's ``$__rate_interval``), so 
 points cover the range without gaps. ``first_sample`` tells how young the store is, for the
 controls to fit the default range to its data.
 
+A ``pool`` is its ``PoolConfig`` (the pages pass it), whose series are chosen as the engine
+chooses them (``slo.sli.pool_series``: the pool's ``selector`` / ``dcgm_selector`` in a
+Prometheus, Vigil's ``pool``/``kind`` labels in the store), or its name (Vigil's labels).
+
 Units: times Unix seconds, windows seconds, latencies seconds, ratios 0-1, costs USD.
 """
 
@@ -23,16 +27,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
-from alerts.conditions import kv_usage_by_replica
 from slo.burn_rate import burn_rate
 from slo.cost import pool_cost
 from slo.embedded import EmbeddedSource
 from slo.quantile import Bucket, histogram_quantile
 from slo.quantiles import QUANTILES, finite_or_none, quantile_key
-from slo.signals import kv_usage_at, queue_length_at
-from slo.sli import RequestLog, error_ratio, vllm_matchers
+from slo.signals import kv_usage_at, kv_usage_by_pool_replica, queue_length_at
+from slo.sli import RequestLog, error_ratio, pool_series, vllm_matchers
 from slo.source import Source
 from slo.spec import SloSpec
 from vigil.config import Config, PoolConfig
@@ -43,17 +46,17 @@ from vigil.conventions import (
     LABEL_FINISHED_REASON,
     LABEL_GPU,
     LABEL_INSTANCE,
-    LABEL_KIND,
     LABEL_MODEL_NAME,
-    LABEL_POOL,
     SERIES_UP,
     SUFFIX_COUNT,
     SUFFIX_SUM,
     VLLM_ITERATION_TOKENS,
-    VLLM_KV_CACHE_USAGE,
     VLLM_REQUEST_SUCCESS,
 )
 from vigil.model import Labels
+
+#: A pool as the point functions take it: its configuration, or its name (Vigil's labels).
+Pool: TypeAlias = PoolConfig | str
 
 __all__ = [
     "MAX_POINTS",
@@ -142,13 +145,13 @@ def _by_model(groups: Mapping[Labels, Any]) -> dict[str, Any]:
             if dict(k).get(LABEL_MODEL_NAME)}
 
 
-def quantile_point(source: Source, pool: str, at_s: float, window_s: float, metric: str,
+def quantile_point(source: Source, pool: Pool, at_s: float, window_s: float, metric: str,
                    qs: Sequence[float] = QUANTILES) -> dict[str, dict[str, float | None]]:
     """Per model: ``{"p50": s, "p95": s, "p99": s}`` of histogram ``metric`` over the window,
     ``histogram_quantile(q, sum by (model_name, le) (rate(metric_bucket{pool}[w])))`` — the
     query and function ``slo.quantiles.model_quantiles`` uses, for one histogram only (a chart
     of TTFT does not need the other nine queries)."""
-    groups = source.bucket_increase(metric, vllm_matchers(pool), at_s, window_s,
+    groups = source.bucket_increase(metric, vllm_matchers(pool, source), at_s, window_s,
                                     (LABEL_MODEL_NAME,))
     out: dict[str, dict[str, float | None]] = {}
     for model, buckets in sorted(_by_model(groups).items()):
@@ -158,11 +161,11 @@ def quantile_point(source: Source, pool: str, at_s: float, window_s: float, metr
     return out
 
 
-def mean_point(source: Source, pool: str, at_s: float, window_s: float, metric: str
+def mean_point(source: Source, pool: Pool, at_s: float, window_s: float, metric: str
                ) -> dict[str, float | None]:
     """Per model: ``increase(metric_sum[w]) / increase(metric_count[w])`` (e.g. generated
     tokens per request), as ``model_quantiles`` computes ``tokens_per_request.*.mean``."""
-    m = vllm_matchers(pool)
+    m = vllm_matchers(pool, source)
     by = (LABEL_MODEL_NAME,)
     sums = _by_model(source.increase(metric + SUFFIX_SUM, m, at_s, window_s, by))
     counts = _by_model(source.increase(metric + SUFFIX_COUNT, m, at_s, window_s, by))
@@ -170,13 +173,14 @@ def mean_point(source: Source, pool: str, at_s: float, window_s: float, metric: 
             for model, total in sorted(sums.items())}
 
 
-def finished_point(source: Source, pool: str, at_s: float, window_s: float,
+def finished_point(source: Source, pool: Pool, at_s: float, window_s: float,
                    model: str | None = None) -> dict[str, float]:
     """Finished requests by ``finished_reason`` over the window (``stop``, ``length``,
     ``abort``, ``error``, ``repetition``): ``sum by (finished_reason)
     (increase(vllm:request_success_total{pool[, model]}[w]))``. The ``error`` share of their
     sum is the error-rate SLI of ``slo.sli.error_ratio``."""
-    groups = source.increase(VLLM_REQUEST_SUCCESS, vllm_matchers(pool, model), at_s, window_s,
+    groups = source.increase(VLLM_REQUEST_SUCCESS, vllm_matchers(pool, source, model=model),
+                             at_s, window_s,
                              (LABEL_FINISHED_REASON,))
     return {dict(k).get(LABEL_FINISHED_REASON, ""): v for k, v in sorted(groups.items())}
 
@@ -196,8 +200,7 @@ def kv_point(source: Source, pool: PoolConfig, at_s: float) -> dict[str, Any]:
     (``slo.signals.kv_usage_at``, what scaling reads) and ``replicas``: each replica's value
     (``alerts.conditions.kv_usage_by_replica``, what KvCacheUsageHigh reads)."""
     pooled = kv_usage_at(source, pool, at_s)
-    vector = source.instant(VLLM_KV_CACHE_USAGE, vllm_matchers(pool.name), at_s)
-    per = kv_usage_by_replica(vector, {})
+    per = kv_usage_by_pool_replica(source, pool, at_s)
     return {
         "mean": None if pooled is None else pooled[0],
         "max": None if pooled is None else pooled[1],
@@ -210,12 +213,13 @@ def queue_point(source: Source, pool: PoolConfig, at_s: float) -> float | None:
     return queue_length_at(source, pool, at_s)
 
 
-def sm_point(source: Source, pool: str, at_s: float) -> dict[str, float]:
+def sm_point(source: Source, pool: Pool, at_s: float) -> dict[str, float]:
     """GPU SM utilisation (ratio 0-1) per ``"<dcgm target> gpu <n>"`` from the pool's DCGM
     targets: ``DCGM_FI_PROF_SM_ACTIVE`` where the exporter collects it (it is commented out of
     dcgm-exporter's default CSV), else ``DCGM_FI_DEV_GPU_UTIL`` / 100 (the share of time any
-    kernel ran: coarser, but always there)."""
-    m = {LABEL_POOL: pool, LABEL_KIND: KIND_DCGM}
+    kernel ran: coarser, but always there). The DCGM series are the pool's
+    ``pool_series(pool, source, "dcgm")`` (its ``dcgm_selector`` in a Prometheus)."""
+    m = pool_series(pool, source, KIND_DCGM)
     out: dict[str, float] = {}
     for metric, scale in ((DCGM_SM_ACTIVE, 1.0), (DCGM_GPU_UTIL, 0.01)):
         for labels, value in source.instant(metric, m, at_s).items():
@@ -226,12 +230,12 @@ def sm_point(source: Source, pool: str, at_s: float) -> dict[str, float]:
     return dict(sorted(out.items()))
 
 
-def counter_ratio_point(source: Source, pool: str, at_s: float, window_s: float,
+def counter_ratio_point(source: Source, pool: Pool, at_s: float, window_s: float,
                         numerator: str, denominator: str) -> float | None:
     """``sum(increase(numerator[w])) / sum(increase(denominator[w]))`` over the pool's vLLM
     series (prefix-cache hit rate, speculative-decoding acceptance rate); ``None`` when the
     denominator is absent or did not grow."""
-    m = vllm_matchers(pool)
+    m = vllm_matchers(pool, source)
     den = source.increase(denominator, m, at_s, window_s).get(())
     if den is None or not den > 0:
         return None
@@ -239,20 +243,20 @@ def counter_ratio_point(source: Source, pool: str, at_s: float, window_s: float,
     return finite_or_none(num / den)
 
 
-def counter_rate_point(source: Source, pool: str, at_s: float, window_s: float, metric: str
+def counter_rate_point(source: Source, pool: Pool, at_s: float, window_s: float, metric: str
                        ) -> float | None:
     """``sum(rate(metric[w]))`` per second over the pool's vLLM series; ``None`` without it."""
-    total = source.increase(metric, vllm_matchers(pool), at_s, window_s).get(())
+    total = source.increase(metric, vllm_matchers(pool, source), at_s, window_s).get(())
     return None if total is None else total / window_s
 
 
-def histogram_distribution(source: Source, pool: str, at_s: float, window_s: float,
+def histogram_distribution(source: Source, pool: Pool, at_s: float, window_s: float,
                            metric: str = VLLM_ITERATION_TOKENS) -> list[dict[str, Any]]:
     """The observations of histogram ``metric`` over the window, bucket by bucket (``sum by
     (le) (increase(metric_bucket[w]))`` made non-cumulative): ``[{"lower", "upper", "count",
     "share"}]`` in bound order, ``upper`` ``inf`` for the last. For ``vllm:iteration_tokens_total``
     this is the distribution of tokens per engine step, vLLM's batch-size proxy."""
-    groups = source.bucket_increase(metric, vllm_matchers(pool), at_s, window_s)
+    groups = source.bucket_increase(metric, vllm_matchers(pool, source), at_s, window_s)
     return _non_cumulative(groups.get(()) or [])
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from slo.quantile import parse_le
 from slo.quantiles import finite_or_none
 from slo.sli import RequestLog, vllm_matchers
-from slo.source import Source
+from slo.source import Matchers, Source
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
     ANOMALY_HISTOGRAM_LOWER_BOUND,
@@ -72,7 +72,7 @@ def raw_increase(points: list[Point]) -> float | None:
 
 
 def _raw_buckets(
-    source: Source, metric: str, matchers: Mapping[str, str], at_s: float, window_s: float
+    source: Source, metric: str, matchers: Matchers, at_s: float, window_s: float
 ) -> dict[str, dict[float, float]]:
     """Per model: ``le`` -> raw increase of ``metric_bucket`` summed over the model's series."""
     out: dict[str, dict[float, float]] = {}
@@ -109,7 +109,7 @@ def histogram_count_above(
 def _histogram_anomalies(
     source: Source, config: Config, pool: PoolConfig, at_s: float, window_s: float
 ) -> list[dict[str, Any]]:
-    m = vllm_matchers(pool.name)
+    m = vllm_matchers(pool, source)
     by = (LABEL_MODEL_NAME,)
 
     def per_model(metric: str) -> dict[str, float]:

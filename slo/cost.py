@@ -17,6 +17,11 @@ over the window ``w`` (``[engine] cost_window``, 1 h), per target::
     idle_share = share of the pool's vllm:num_requests_running samples in w that are 0
     idle_cost_usd = cost_usd × idle_share
 
+In a Prometheus that scrapes the replicas itself (a pool with a ``selector``), a replica is
+told apart by the pool's ``replica_label`` (``pod``, say) and a pod scraped by two jobs has two
+``up`` series: each replica is billed once, for the most of its series'
+``up_seconds`` (``max by (<replica label>) (...)``), never their sum.
+
 ``interval`` is the target's configured scrape interval (``[[targets]] scrape_interval``, else
 ``[collector] scrape_interval``), the series' ``instance`` being the target's name. A series of
 no configured target (one a Prometheus discovered) takes the median spacing of its samples in
@@ -59,8 +64,8 @@ from typing import Any
 
 from slo.aggregate import sum_by
 from slo.quantiles import finite_or_none
-from slo.sli import RequestLog, vllm_matchers
-from slo.source import Downsampled, Source
+from slo.sli import RequestLog, replica_label, vllm_matchers
+from slo.source import Downsampled, Source, is_external
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
     ERROR_REFUSED_CLASSES,
@@ -112,12 +117,16 @@ def up_seconds(
     """Per vLLM target of the pool (keyed by its ``up`` series' labels): the seconds it is
     billed for in the window, ``min(samples × interval, window)`` (see the module docstring;
     ``up == 1`` samples only unless ``pool.bill_down_time``). Targets without a sample in the
-    window are absent; a target down all window is 0."""
+    window are absent; a target down all window is 0.
+
+    Read from a Prometheus (``source.external``), the key is the replica instead,
+    ``((<replica label>, value),)``, billed for the most of its series (a pod scraped by two
+    jobs is one replica); a series without that label stays on its own."""
     configured = {t.name: config.scrape_interval(t) for t in config.targets
                   if t.pool == pool.name}
     thinned = source.downsampled() if isinstance(source, Downsampled) else None
     out: dict[Labels, float] = {}
-    series = source.samples(SERIES_UP, vllm_matchers(pool.name), at_s, window_s)
+    series = source.samples(SERIES_UP, vllm_matchers(pool, source), at_s, window_s)
     for labels, points in series.items():
         pts = [p for p in points if p.value is not None and not math.isnan(p.value)]
         if not pts:
@@ -136,7 +145,16 @@ def up_seconds(
             # The same IEEE operations as clamp_max(sum_over_time(up[w]) * interval, w).
             seconds = float(len(billed)) * interval
         out[labels] = min(seconds, window_s)
-    return out
+    if not is_external(source):
+        return out
+    label = replica_label(pool, source)
+    per_replica: dict[Labels, float] = {}
+    for labels, seconds in out.items():
+        replica = dict(labels).get(label)
+        # A series without the label is its own replica: merging all such would under-bill.
+        key = labels if replica is None else ((label, replica),)
+        per_replica[key] = max(per_replica.get(key, seconds), seconds)
+    return per_replica
 
 
 def gpu_hours_of(replica_seconds: float, gpus_per_replica: int) -> float:
@@ -160,7 +178,8 @@ def idle_share(source: Source, pool: PoolConfig, at_s: float, window_s: float) -
     """Share (0-1) of the pool's ``vllm:num_requests_running`` samples in the window that are 0;
     ``None`` without samples. Counted over samples, so every scrape of every engine weighs
     the same."""
-    samples = source.samples(VLLM_REQUESTS_RUNNING, vllm_matchers(pool.name), at_s, window_s)
+    samples = source.samples(VLLM_REQUESTS_RUNNING, vllm_matchers(pool, source), at_s,
+                             window_s)
     values = [p.value for pts in samples.values() for p in pts
               if p.value is not None and not math.isnan(p.value)]
     if not values:
@@ -234,7 +253,7 @@ def pool_cost(
     price = config.prices[pool.gpu]  # parse_config guarantees a price for every pool's GPU
     hours = gpu_hours(source, config, pool, at_s, w)
     cost = None if hours is None else hours * price
-    m = vllm_matchers(pool.name)
+    m = vllm_matchers(pool, source)
     requests = source.increase(VLLM_REQUEST_SUCCESS, m, at_s, w).get(())
     tokens = source.increase(VLLM_GENERATION_TOKENS, m, at_s, w).get(())
     idle = idle_share(source, pool, at_s, w)

@@ -187,6 +187,9 @@ class EmbeddedSource:
 
     #: What ``slo.status`` reports as ``"source"``.
     kind = SOURCE_EMBEDDED
+    #: The store's series carry the labels Vigil's collector set (``pool``, ``kind``,
+    #: ``instance``): a pool is read by those (``PoolConfig.series(external=False)``).
+    external: bool = False
     #: Answer long ``increase`` windows from the store's rollup (``Store.counter_windows``).
     #: The result is bit-identical either way; off only to measure the difference.
     use_rollup: bool = True

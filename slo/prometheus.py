@@ -26,9 +26,10 @@ Exactness on the wire:
   milliseconds (``model.ParseDuration``), and ``slo.lookup.duration_ms`` is the same truncation.
 * **Values** are parsed with ``float()``: Go writes the shortest string that round-trips a
   float64 (``strconv.FormatFloat(v, 'f', -1, 64)``), and ``NaN``/``+Inf``/``-Inf``.
-* **Matchers** are PromQL string literals with ``\\``, ``"`` and control characters escaped,
-  so any label value selects exactly itself. A metric name that is not a plain identifier (or
-  is a PromQL keyword) is matched as ``{__name__="..."}``.
+* **Matchers** (equality ones as a mapping, or a ``Selector`` with all four operators, as a
+  pool's ``selector`` gives them) are PromQL string literals with ``\\``, ``"`` and control
+  characters escaped, so any label value selects exactly itself. A metric name that is not a
+  plain identifier (or is a PromQL keyword) is matched as ``{__name__="..."}``.
 * **Lookback**: instant selectors look back ``--query.lookback-delta`` on the server; we also
   send ``lookback_delta`` (honoured since Prometheus 2.43, and by Thanos; 2.42 ignores it), so
   ``lookback_s`` should equal the server's flag on older servers (both default to 5m).
@@ -65,6 +66,7 @@ from slo.source import Matchers
 from vigil.conventions import LABEL_LE, SOURCE_PROMETHEUS, SUFFIX_BUCKET
 from vigil.errors import SourceError
 from vigil.model import Labels, Point, labels_of
+from vigil.selectors import Selector
 
 __all__ = [
     "PrometheusSource",
@@ -122,17 +124,23 @@ def _label_name(name: str) -> str:
 
 
 def selector(metric: str, matchers: Matchers) -> str:
-    """The vector selector ``metric{k="v", ...}`` (matchers in sorted order; ``""`` matches
-    series without the label, as in the embedded store)."""
-    parts = [f"{_label_name(k)}={promql_string(v)}" for k, v in sorted(matchers.items())
-             if k != _NAME]
-    other_name = matchers.get(_NAME, metric) != metric
-    if _METRIC_RE.fullmatch(metric) and metric.lower() not in _KEYWORDS and not other_name:
+    """The vector selector ``metric{k="v", ...}``: a mapping's equality matchers in sorted
+    order, a ``Selector``'s matchers (``=``, ``!=``, ``=~``, ``!~``) in its order; ``""`` matches
+    series without the label, as in the embedded store."""
+    if isinstance(matchers, Selector):
+        given = [(m.name, m.op, m.value) for m in matchers]
+    else:
+        given = [(k, "=", v) for k, v in sorted(matchers.items())]
+    parts = [f"{_label_name(k)}{op}{promql_string(v)}" for k, op, v in given if k != _NAME]
+    names = [(op, v) for k, op, v in given if k == _NAME]
+    plain = names == [] or names == [("=", metric)]
+    if _METRIC_RE.fullmatch(metric) and metric.lower() not in _KEYWORDS and plain:
         return f"{metric}{{{','.join(parts)}}}" if parts else metric
-    names = [f"{_NAME}={promql_string(metric)}"]
-    if other_name:  # selects nothing, as in the store; PromQL allows it only inside braces
-        names.append(f"{_NAME}={promql_string(matchers[_NAME])}")
-    return "{" + ",".join(names + parts) + "}"
+    # A second __name__ matcher selects nothing (or narrows by regex), as in the store;
+    # PromQL allows it only inside braces.
+    names_text = [f"{_NAME}={promql_string(metric)}"] + [
+        f"{_NAME}{op}{promql_string(v)}" for op, v in names if (op, v) != ("=", metric)]
+    return "{" + ",".join(names_text + parts) + "}"
 
 
 def format_duration_ms(seconds: float) -> str:
@@ -176,6 +184,9 @@ class PrometheusSource:
 
     #: What ``slo.status`` reports as ``"source"``.
     kind = SOURCE_PROMETHEUS
+    #: The server scraped the replicas itself: a pool's series carry its own labels
+    #: (``PoolConfig.series(external=True)``), not the labels Vigil's collector adds.
+    external: bool = True
 
     def __init__(
         self, url: str, *, semantics: SemanticsLike = "3", lookback_s: float = 300.0,

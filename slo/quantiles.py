@@ -43,7 +43,7 @@ from slo.lookup import SemanticsLike
 from slo.quantile import Bucket, histogram_quantile, quantile_bounds
 from slo.sli import RequestLog, inf_bucket_count, vllm_matchers
 from slo.source import Source
-from vigil.config import SloDefaults
+from vigil.config import PoolConfig, SloDefaults
 from vigil.conventions import (
     LABEL_MODEL_NAME,
     SUFFIX_COUNT,
@@ -301,7 +301,7 @@ def normalised_e2e(r: RequestRecord, tokens: int | None = None) -> float | None:
 
 def model_quantiles(
     source: Source,
-    pool: str,
+    pool: PoolConfig | str,
     at_s: float,
     window_s: float,
     *,
@@ -311,6 +311,9 @@ def model_quantiles(
     quantile_source: str = "auto",
 ) -> dict[str, dict[str, Any]]:
     """Per model of ``pool``: ``{"quantiles": {...}, "tokens_per_request": {...}}``.
+
+    ``pool``: its configuration (series chosen as ``slo.sli.vllm_matchers`` chooses them: the
+    pool's ``selector`` in a Prometheus) or its name (Vigil's own labels).
 
     Each latency block holds ``p50``/``p95``/``p99`` (seconds) and its ``source``. With the
     gateway's ``request_log`` covering the model (``records_cover``) and ``quantile_source``
@@ -333,7 +336,8 @@ def model_quantiles(
                          f"not {quantile_source!r}")
     length = (SloDefaults().e2e_reference_output_tokens if normalised_output_tokens is None
               else normalised_output_tokens)
-    matchers = vllm_matchers(pool)
+    matchers = vllm_matchers(pool, source)
+    name = pool if isinstance(pool, str) else pool.name
     by = (LABEL_MODEL_NAME,)
     latency = {
         key: _by_model(source.bucket_increase(metric, matchers, at_s, window_s, by))
@@ -359,7 +363,7 @@ def model_quantiles(
     normalised: dict[str, list[float]] = {}
     by_model: dict[str, list[RequestRecord]] = {}
     if request_log is not None:
-        for r in request_log.records(pool, at_s, window_s):
+        for r in request_log.records(name, at_s, window_s):
             by_model.setdefault(r.model, []).append(r)
             v = normalised_e2e(r, length)
             if v is not None:

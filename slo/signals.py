@@ -1,7 +1,9 @@
 """The scaling signals of one pool, read through a ``Source``, and the recommendation for it.
 
 Aggregation over a pool's replicas (matchers ``{pool="<name>", kind="vllm"}``; the collector
-labels every series with ``instance``/``pool``/``kind``):
+labels every series with ``instance``/``pool``/``kind``; in a Prometheus that scrapes the
+replicas itself, the pool's ``selector``, with its ``replica_label`` telling replicas apart
+where ``instance`` does below — ``slo.sli.pool_series``):
 
 * **KV-cache usage** (ratio 0-1) is the MEAN over the pool's replicas of each replica's latest
   ``vllm:kv_cache_usage_perc`` (instant lookup, 5-minute lookback); a replica exposing several
@@ -49,9 +51,10 @@ from slo.scaling import (
     fit_window_for,
     latest,
 )
-from slo.source import Source
+from slo.sli import pool_series, replica_label
+from slo.source import Matchers, Source
 from vigil.config import Config, PoolConfig, ScalingConfig
-from vigil.conventions import KIND_VLLM, LABEL_INSTANCE, LABEL_KIND, LABEL_POOL, SERIES_UP
+from vigil.conventions import SERIES_UP
 from vigil.model import Labels
 
 __all__ = [
@@ -63,6 +66,7 @@ __all__ = [
     "ReplicaChange",
     "current_replicas",
     "kv_usage_at",
+    "kv_usage_by_pool_replica",
     "last_scale_in_at",
     "last_scale_out_at",
     "pool_matchers",
@@ -86,9 +90,10 @@ DEFAULT_STEP_S = 15.0
 DISCOVERY_S = 60.0
 
 
-def pool_matchers(pool: PoolConfig) -> dict[str, str]:
-    """The label matchers of the pool's vLLM series: ``{pool="<name>", kind="vllm"}``."""
-    return {LABEL_POOL: pool.name, LABEL_KIND: KIND_VLLM}
+def pool_matchers(pool: PoolConfig, source: Source | None = None) -> Matchers:
+    """The label matchers of the pool's vLLM series in ``source``: ``{pool="<name>",
+    kind="vllm"}``, or the pool's ``selector`` in a Prometheus (``slo.sli.pool_series``)."""
+    return pool_series(pool, source)
 
 
 def sample_times(at_s: float, span_s: float, step_s: float) -> list[float]:
@@ -106,9 +111,9 @@ def sample_times(at_s: float, span_s: float, step_s: float) -> list[float]:
     return [at_s - k * step_s for k in range(n, -1, -1)]
 
 
-def _instance(labels: Labels) -> str:
+def _replica(labels: Labels, label: str) -> str:
     for k, v in labels:
-        if k == LABEL_INSTANCE:
+        if k == label:
             return v
     return ""
 
@@ -116,22 +121,41 @@ def _instance(labels: Labels) -> str:
 def kv_usage_at(source: Source, pool: PoolConfig, at_s: float) -> tuple[float, float] | None:
     """``(mean, max)`` over the pool's replicas of KV-cache usage (ratio 0-1) at ``at_s``.
 
-    Each replica's value is the mean of its series (several with data-parallel engines). None
-    when no replica reports a finite value within the lookback.
+    Each replica's value (replicas told apart by ``slo.sli.replica_label``) is the mean of its
+    series (several with data-parallel engines). None when no replica reports a finite value
+    within the lookback.
     """
+    label = replica_label(pool, source)
     per_replica: dict[str, list[float]] = defaultdict(list)
-    for labels, value in source.instant(KV_METRIC, pool_matchers(pool), at_s).items():
+    for labels, value in source.instant(KV_METRIC, pool_matchers(pool, source), at_s).items():
         if math.isfinite(value):
-            per_replica[_instance(labels)].append(value)
+            per_replica[_replica(labels, label)].append(value)
     if not per_replica:
         return None
     replicas = [math.fsum(vs) / len(vs) for _, vs in sorted(per_replica.items())]
     return math.fsum(replicas) / len(replicas), max(replicas)
 
 
+def kv_usage_by_pool_replica(source: Source, pool: PoolConfig, at_s: float
+                             ) -> dict[tuple[str, str], float]:
+    """``{(pool name, replica): mean usage}`` (ratio 0-1) at ``at_s``, the shape
+    ``alerts.conditions.kv_usage_by_replica`` gives and the KvCacheUsageHigh condition reads:
+    a replica (``slo.sli.replica_label``) with several engines counts once with their mean;
+    NaN values are skipped. Series in a Prometheus carry no ``pool`` label, so the pool is
+    the one whose series were read."""
+    label = replica_label(pool, source)
+    groups: dict[tuple[str, str], list[float]] = {}
+    for labels, value in source.instant(KV_METRIC, pool_matchers(pool, source), at_s).items():
+        if value != value:  # NaN never crosses a threshold
+            continue
+        groups.setdefault((pool.name, _replica(labels, label)), []).append(float(value))
+    # sum / len, as kv_usage_by_replica averages, so both give the same float.
+    return {k: sum(v) / len(v) for k, v in groups.items()}
+
+
 def queue_length_at(source: Source, pool: PoolConfig, at_s: float) -> float | None:
     """The sum over the pool's replicas of waiting requests at ``at_s``; None with no data."""
-    values = [v for v in source.instant(QUEUE_METRIC, pool_matchers(pool), at_s).values()
+    values = [v for v in source.instant(QUEUE_METRIC, pool_matchers(pool, source), at_s).values()
               if math.isfinite(v)]
     return math.fsum(values) if values else None
 
@@ -144,7 +168,8 @@ def ttft_quantile_at(
     default, the p95) over the ``window_s`` before ``at_s``; None when there is no histogram
     or no request in the window (PromQL's NaN)."""
     q = ScalingConfig().scale_out_ttft_quantile if quantile is None else quantile
-    groups = source.bucket_increase(TTFT_METRIC, pool_matchers(pool), at_s, window_s, by=())
+    groups = source.bucket_increase(TTFT_METRIC, pool_matchers(pool, source), at_s, window_s,
+                                    by=())
     buckets = groups.get(())
     if not buckets:
         return None
@@ -222,9 +247,14 @@ def ttft_threshold_for(config: Config, pool: PoolConfig) -> float:
 
 
 def current_replicas(source: Source, pool: PoolConfig, at_s: float) -> int:
-    """How many of the pool's vLLM targets are up (``up == 1``) at ``at_s``."""
-    return sum(1 for v in source.instant(SERIES_UP, pool_matchers(pool), at_s).values()
-               if v == 1.0)
+    """How many of the pool's vLLM replicas are up (``up == 1``) at ``at_s``: distinct values
+    of the replica label (``slo.sli.replica_label``) among the up series, so that a pod
+    scraped by two jobs counts once."""
+    label = replica_label(pool, source)
+    return len({_replica(labels, label)
+                for labels, v in source.instant(SERIES_UP, pool_matchers(pool, source),
+                                                at_s).items()
+                if v == 1.0})
 
 
 class ReplicaChange(NamedTuple):
@@ -247,8 +277,9 @@ def replica_changes(
 ) -> list[ReplicaChange]:
     """Every change, within ``(at_s - horizon_s, at_s]``, of the count of up vLLM targets.
 
-    The count at time t is ``count(up{pool, kind="vllm"} == 1)`` evaluated at t: a target
-    counts while its newest ``up`` sample is 1 and within ``lookback_s``. It is swept exactly
+    The count at time t is ``count(count by (<replica label>) (up{pool, kind="vllm"} == 1))``
+    evaluated at t: a replica counts while the newest ``up`` sample of one of its series is 1
+    and within ``lookback_s``. It is swept exactly
     over the raw samples (one ``Source.samples`` call over ``horizon_s + lookback_s``, so that
     the count at the start of the horizon is known): it changes only at a sample or when a
     sample ages out of the lookback. Oldest first.
@@ -274,7 +305,9 @@ def replica_changes(
 
     # time (ms) -> [(series, value or None for "ages out")]
     events: dict[int, list[tuple[Labels, float | None]]] = defaultdict(list)
-    series = source.samples(SERIES_UP, pool_matchers(pool), at_s, horizon_s + lookback_s)
+    series = source.samples(SERIES_UP, pool_matchers(pool, source), at_s,
+                            horizon_s + lookback_s)
+    label = replica_label(pool, source)
     for labels, points in series.items():
         pts = sorted((p for p in points if p.value is not None and p.ts_ms <= at_ms),
                      key=lambda p: p.ts_ms)
@@ -301,7 +334,8 @@ def replica_changes(
                 up.pop(labels, None)
             else:
                 up[labels] = value == 1.0
-        new = sum(up.values())
+        # Replicas, not series: a pod scraped by two jobs has two `up` series.
+        new = len({_replica(labels, label) for labels, is_up in up.items() if is_up})
         discovery = new > count and t <= discovered_until
         if new != count and t > horizon_start_ms and not discovery:
             changes.append(ReplicaChange(t / 1000.0, count, new))

@@ -21,6 +21,10 @@
 * ``replica_up``: ``1 - avg(avg_over_time(up{pool, kind="vllm"}[w]))``: the share of scrape
   time the pool's vLLM targets were down (what ``availability`` measured before).
 
+"The pool's vLLM series" are ``{pool="<name>", kind="vllm"}`` in Vigil's store and, in a
+Prometheus that scrapes the replicas itself, the pool's ``selector`` when it has one
+(``pool_series``); the model is ``model_name="<model>"`` ANDed onto either.
+
 **No request counted twice.** vLLM turns a request that finishes with reason ``error`` into an
 HTTP 500 when it is not streamed (``OpenAIServing._raise_if_error`` raises ``GenerationError``,
 status 500), so that request is in both counters; a streamed one has sent its 200 already and
@@ -51,8 +55,9 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 from slo.embedded import avg_aggregate
 from slo.quantile import Bucket, bucket_fraction_below
-from slo.source import Source
+from slo.source import Matchers, Source, is_external, matchers_of, with_equal
 from slo.spec import SloSpec
+from vigil.config import PoolConfig
 from vigil.conventions import (
     ENDPOINT_ALL,
     ERROR_CLIENT_CANCEL,
@@ -64,9 +69,8 @@ from vigil.conventions import (
     LABEL_FINISHED_REASON,
     LABEL_HTTP_METHOD,
     LABEL_HTTP_STATUS,
-    LABEL_KIND,
+    LABEL_INSTANCE,
     LABEL_MODEL_NAME,
-    LABEL_POOL,
     SERIES_UP,
     VLLM_E2E,
     VLLM_HTTP_REQUESTS,
@@ -74,6 +78,7 @@ from vigil.conventions import (
     VLLM_TTFT,
 )
 from vigil.model import RequestRecord
+from vigil.selectors import default_pool_selector
 
 __all__ = [
     "REASON_ENDPOINT",
@@ -87,6 +92,8 @@ __all__ = [
     "error_ratio",
     "http_counts",
     "inf_bucket_count",
+    "pool_series",
+    "replica_label",
     "vllm_matchers",
 ]
 
@@ -125,13 +132,36 @@ class RequestLog(Protocol):
         ...
 
 
-def vllm_matchers(pool: str, model: str | None = None) -> dict[str, str]:
-    """Label matchers for the vLLM series of one pool (and model): ``{pool, kind="vllm"[,
-    model_name]}``."""
-    m = {LABEL_POOL: pool, LABEL_KIND: KIND_VLLM}
-    if model is not None:
-        m[LABEL_MODEL_NAME] = model
-    return m
+def pool_series(pool: PoolConfig | SloSpec | str, source: Source | None = None,
+                kind: str = KIND_VLLM) -> Matchers:
+    """The matchers of a pool's ``kind`` ("vllm" or "dcgm") series as ``source`` holds them:
+    in a Prometheus (``source.external``) the pool's ``selector`` / ``dcgm_selector`` when set,
+    else (and always in Vigil's store) ``{pool="<name>", kind="<kind>"}``. A pool given by
+    name, or an SLO spec without its ``pool_config``, is read by Vigil's labels."""
+    if isinstance(source, str):
+        raise TypeError("pool_series(pool, source, kind): the second argument is the Source")
+    if isinstance(pool, SloSpec):
+        pool = pool.pool_config if pool.pool_config is not None else pool.pool
+    if isinstance(pool, str):
+        return matchers_of(default_pool_selector(pool, kind))
+    return matchers_of(pool.series(kind, external=is_external(source)))
+
+
+def replica_label(pool: PoolConfig | str, source: Source | None = None) -> str:
+    """The label that tells the pool's replicas apart in ``source``: the pool's
+    ``replica_label`` in a Prometheus, ``instance`` in Vigil's store (or for a pool by name)."""
+    if isinstance(pool, str):
+        return LABEL_INSTANCE
+    return pool.replica_label_for(external=is_external(source))
+
+
+def vllm_matchers(pool: PoolConfig | SloSpec | str, source: Source | None = None, *,
+                  model: str | None = None) -> Matchers:
+    """Label matchers for the vLLM series of one pool (and ``model``, as ``model_name``) as
+    ``source`` holds them (``pool_series``): ``{pool, kind="vllm"[, model_name]}`` in Vigil's
+    store, the pool's ``selector`` ANDed with ``model_name`` in a Prometheus."""
+    m = pool_series(pool, source)
+    return m if model is None else with_equal(m, (LABEL_MODEL_NAME, model))
 
 
 def inf_bucket_count(buckets: Iterable[Bucket]) -> float | None:
@@ -143,7 +173,8 @@ def inf_bucket_count(buckets: Iterable[Bucket]) -> float | None:
 def _latency(spec: SloSpec, source: Source, at_s: float, window_s: float) -> SliResult:
     metric = VLLM_TTFT if spec.indicator == "ttft" else VLLM_E2E
     threshold = float(spec.threshold_seconds or 0.0)  # checked by error_ratio
-    groups = source.bucket_increase(metric, vllm_matchers(spec.pool, spec.model), at_s, window_s)
+    groups = source.bucket_increase(metric, vllm_matchers(spec, source, model=spec.model), at_s,
+                                    window_s)
     buckets = groups.get(())
     if not buckets:
         return SliResult(None, reason=REASON_NO_DATA)
@@ -164,10 +195,11 @@ class HttpCounts(NamedTuple):
     server_errors: float
 
 
-def http_counts(source: Source, pool: str, at_s: float, window_s: float) -> HttpCounts | None:
-    """``sum(increase(http_requests_total{pool, kind="vllm", method="POST"}[w]))`` and its
+def http_counts(source: Source, pool: PoolConfig | SloSpec | str, at_s: float,
+                window_s: float) -> HttpCounts | None:
+    """``sum(increase(http_requests_total{<pool's series>, method="POST"}[w]))`` and its
     ``status=~"5.."`` part; ``None`` when the pool's replicas expose no such series."""
-    m = {**vllm_matchers(pool), LABEL_HTTP_METHOD: HTTP_METHOD_POST}
+    m = with_equal(vllm_matchers(pool, source), (LABEL_HTTP_METHOD, HTTP_METHOD_POST))
     total = source.increase(VLLM_HTTP_REQUESTS, m, at_s, window_s).get(())
     if total is None:
         return None
@@ -180,15 +212,15 @@ def http_counts(source: Source, pool: str, at_s: float, window_s: float) -> Http
 
 def _error_rate(spec: SloSpec, source: Source, at_s: float, window_s: float,
                 request_log: RequestLog | None = None) -> SliResult:
-    m = vllm_matchers(spec.pool, spec.model)
+    m = vllm_matchers(spec, source, model=spec.model)
     total = source.increase(VLLM_REQUEST_SUCCESS, m, at_s, window_s).get(())
     if total is None:
         return SliResult(None, reason=REASON_NO_DATA)
-    bad_m = {**m, LABEL_FINISHED_REASON: FINISHED_REASON_ERROR}
+    bad_m = with_equal(m, (LABEL_FINISHED_REASON, FINISHED_REASON_ERROR))
     # vLLM exports every finished_reason child from startup; should the error child be missing
     # while others are present, there were no errors (PromQL: `... or vector(0)`).
     bad = source.increase(VLLM_REQUEST_SUCCESS, bad_m, at_s, window_s).get((), 0.0)
-    http = http_counts(source, spec.pool, at_s, window_s)
+    http = http_counts(source, spec, at_s, window_s)
     if http is not None:
         # A non-streamed error is a finished error and a 500 (module docs): the 5xx beyond
         # the finished errors are the failures that never finished in the engine.
@@ -206,7 +238,7 @@ def _availability(spec: SloSpec, source: Source, at_s: float, window_s: float,
         from_log = _availability_from_log(spec, request_log, at_s, window_s)
         if from_log is not None:
             return from_log
-    http = http_counts(source, spec.pool, at_s, window_s)
+    http = http_counts(source, spec, at_s, window_s)
     if http is None:
         return SliResult(None, reason=REASON_NO_REQUEST_DATA)
     if http.total <= 0:
@@ -217,7 +249,8 @@ def _availability(spec: SloSpec, source: Source, at_s: float, window_s: float,
 def _replica_up(spec: SloSpec, source: Source, at_s: float, window_s: float,
                 request_log: RequestLog | None = None) -> SliResult:
     # `up` carries no model_name: a pool's targets serve its model, so the pool is the unit.
-    per_target = source.avg_over_time(SERIES_UP, vllm_matchers(spec.pool), at_s, window_s)
+    per_target = source.avg_over_time(SERIES_UP, vllm_matchers(spec, source), at_s,
+                                       window_s)
     mean = avg_aggregate(per_target, source.semantics)
     if mean is None or math.isnan(mean):
         return SliResult(None, reason=REASON_NO_DATA)

@@ -15,6 +15,13 @@ method                 PromQL
 ``samples``            ``<metric>{<m>}[<range>]`` (raw samples, per series)
 =====================  =====================================================================
 
+``<m>`` is equality matchers (a mapping) or a ``vigil.selectors.Selector`` with any of PromQL's
+four operators. A source says with ``external`` whose labels its series carry: a Prometheus
+(``True``) stores the series as it scraped them, with a pool's own labels (a pool's
+``selector``, its ``replica_label``); the embedded store (``False``) holds what Vigil's collector
+labelled itself (``pool``, ``kind``, ``instance``). What builds a pool's matchers asks
+``PoolConfig.series(kind, external=is_external(source))``.
+
 A source that thins old samples out (the embedded store's downsampling) also implements
 ``Downsampled``, so that what counts samples (``slo.cost``) knows how long each one stands for.
 
@@ -27,17 +34,41 @@ within the lookback) is absent from the dict, never 0.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeAlias, runtime_checkable
 
 from slo.lookup import Semantics
 from slo.quantile import Bucket
 from vigil.model import Labels, Point
+from vigil.selectors import Selector
 
-__all__ = ["Downsampled", "Matchers", "Source"]
+__all__ = ["Downsampled", "Matchers", "Source", "is_external", "matchers_of", "with_equal"]
 
-#: Equality label matchers, ``{"pool": "chat", "kind": "vllm"}``. An empty value matches series
-#: without that label, as in PromQL.
-Matchers = Mapping[str, str]
+#: Label matchers: equality as a mapping, ``{"pool": "chat", "kind": "vllm"}``, or a
+#: ``Selector`` with any operator (``namespace="llm", pod=~"chat-.*"``). An empty value matches
+#: series without that label, as in PromQL.
+Matchers: TypeAlias = Mapping[str, str] | Selector
+
+
+def matchers_of(selector: Selector) -> Matchers:
+    """``selector`` as a plain mapping when it is equality matchers on distinct labels (the
+    form every source and test double reads fastest), else the ``Selector`` itself."""
+    if all(m.op == "=" for m in selector) and len(selector.names()) == len(selector):
+        return {m.name: m.value for m in selector}
+    return selector
+
+
+def with_equal(matchers: Matchers, *pairs: tuple[str, str]) -> Matchers:
+    """``matchers`` ANDed with ``name="value"`` matchers (replacing an equality matcher on the
+    same label, as a dict update does)."""
+    if isinstance(matchers, Selector):
+        return matchers_of(matchers.and_equal(*pairs))
+    return {**matchers, **dict(pairs)}
+
+
+def is_external(source: object) -> bool:
+    """``source.external`` (``Source``); ``False`` for a source that does not say (a test
+    double over Vigil-labelled series)."""
+    return bool(getattr(source, "external", False))
 
 
 @runtime_checkable
@@ -46,6 +77,10 @@ class Source(Protocol):
 
     #: The PromQL rules this source follows ("3" default; "2" for Prometheus 2.x).
     semantics: Semantics
+    #: True for a Prometheus that scraped the replicas itself (series carry the pool's own
+    #: labels, chosen by its ``selector``); False for Vigil's store (``pool``/``kind``/
+    #: ``instance`` labels set by its collector).
+    external: bool
 
     def increase(
         self, metric: str, matchers: Matchers, at_s: float, window_s: float,

@@ -7,7 +7,7 @@ the generated Prometheus rules, the alerts and the dashboard are built from the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vigil.config import Config, PoolConfig, SloConfig
 from vigil.conventions import ENDPOINT_ALL, LATENCY_INDICATORS, SLO_INDICATORS, SLO_NAME_SUFFIXES
@@ -21,7 +21,10 @@ class SloSpec:
 
     ``objective``: ratio 0-1 of good events (good time, for replica_up);
     ``threshold_seconds``: the latency bound of a ``ttft``/``e2e`` SLO, ``None`` for the others;
-    ``period_s``: the error budget's period in seconds.
+    ``period_s``: the error budget's period in seconds; ``pool_config``: the pool's
+    configuration, which says how its series are chosen (its ``selector`` in a Prometheus);
+    ``None`` for a spec built by hand, whose pool is then read by Vigil's own labels. It takes
+    no part in equality or hashing: the pool's name already identifies it.
     """
 
     name: str
@@ -32,6 +35,7 @@ class SloSpec:
     objective: float
     threshold_seconds: float | None
     period_s: float
+    pool_config: PoolConfig | None = field(default=None, compare=False, repr=False)
 
     @property
     def error_budget(self) -> float:
@@ -76,6 +80,7 @@ def _from_config(config: Config, slo: SloConfig) -> SloSpec:
         else _default_objective(config, slo.indicator),
         threshold_seconds=threshold,
         period_s=slo.period if slo.period is not None else config.slo_defaults.period,
+        pool_config=pool,
     )
 
 
@@ -93,6 +98,7 @@ def default_slos(config: Config, pool: PoolConfig) -> list[SloSpec]:
             objective=_default_objective(config, indicator),
             threshold_seconds=_default_threshold(config, indicator),
             period_s=config.slo_defaults.period,
+            pool_config=pool,
         )
         for indicator in SLO_INDICATORS
     ]

@@ -23,7 +23,7 @@ from slo.cost import pool_cost
 from slo.embedded import avg_aggregate
 from slo.lookup import SemanticsLike
 from slo.quantiles import model_quantiles
-from slo.sli import RequestLog, vllm_matchers
+from slo.sli import RequestLog, replica_label, vllm_matchers
 from slo.source import Source
 from slo.spec import effective_slos
 from vigil.config import Config, PoolConfig
@@ -105,13 +105,14 @@ def _scaling(source: Source, config: Config, pool: PoolConfig, at_s: float) -> A
 
 
 def _per_instance(
-    vector: Mapping[Labels, float], semantics: SemanticsLike
+    vector: Mapping[Labels, float], semantics: SemanticsLike, label: str = LABEL_INSTANCE
 ) -> dict[Labels, float]:
-    """PromQL ``avg by (instance) (v)``: a replica with several series (one per data-parallel
-    engine) counts once, with the mean of its engines, as the scaling signals count it."""
+    """PromQL ``avg by (<label>) (v)`` (``label``: the replica label, ``instance`` in the
+    store): a replica with several series (one per data-parallel engine) counts once, with the
+    mean of its engines, as the scaling signals count it."""
     groups: dict[Labels, dict[Labels, float]] = {}
     for labels, value in vector.items():
-        key = tuple((k, v) for k, v in labels if k == LABEL_INSTANCE)
+        key = tuple((k, v) for k, v in labels if k == label)
         groups.setdefault(key, {})[labels] = value
     out: dict[Labels, float] = {}
     for key, members in groups.items():
@@ -127,14 +128,15 @@ def pool_status(
 ) -> dict[str, Any]:
     """One pool's block: models (quantiles, tokens), KV cache, queue, cost, scaling.
     ``quantile_source``: ``slo.quantiles.model_quantiles``'s."""
-    m = vllm_matchers(pool.name)
+    m = vllm_matchers(pool, source)
     sem = source.semantics
     models = {pool.model} | {s.model for s in effective_slos(config) if s.pool == pool.name}
-    kv = _per_instance(source.instant(VLLM_KV_CACHE_USAGE, m, at_s), sem)
+    replica = replica_label(pool, source)
+    kv = _per_instance(source.instant(VLLM_KV_CACHE_USAGE, m, at_s), sem, replica)
     waiting = source.instant(VLLM_REQUESTS_WAITING, m, at_s)
     up = source.instant(SERIES_UP, m, at_s)
     return {
-        "models": model_quantiles(source, pool.name, at_s, window_s, models=models,
+        "models": model_quantiles(source, pool, at_s, window_s, models=models,
                                   request_log=request_log, normalised_output_tokens=(
                                       config.slo_defaults.e2e_reference_output_tokens),
                                   quantile_source=quantile_source),
@@ -142,7 +144,9 @@ def pool_status(
         "kv_cache_usage": {"avg": avg_aggregate(kv, sem), "max": _max(kv)},
         # sum(vllm:num_requests_waiting{pool}): requests waiting, deferred ones included
         "queue_length": sum_by(waiting, (), sem).get(()),
-        "replicas_up": sum(1 for v in up.values() if v == 1) if up else None,
+        # Replicas, not series: a pod scraped by two jobs has two `up` series.
+        "replicas_up": len({dict(k).get(replica, "") for k, v in up.items() if v == 1})
+        if up else None,
         "cost": pool_cost(source, config, pool, at_s, request_log=request_log),
         "scaling": _scaling(source, config, pool, at_s),
     }

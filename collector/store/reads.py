@@ -13,7 +13,7 @@ import math
 import sqlite3
 from collections.abc import Mapping
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from collector.store import rollup
 from collector.store.codec import TS_MAX, TS_MIN, counter_like, decode_value
@@ -22,12 +22,15 @@ from collector.store.schema import read_meta
 from vigil.clock import Clock
 from vigil.conventions import EXPORTED_PREFIX
 from vigil.model import Point, SeriesKey, TargetHealth
+from vigil.selectors import Selector
 from vigil.sqlite import Database
 
 if TYPE_CHECKING:
     import pandas
 
-__all__ = ["Reader"]
+__all__ = ["Reader", "StoreMatchers"]
+
+_NAME = "__name__"
 
 # The last column tells a head copy (1) from the main one (0). (Not in the ORDER BY: sorting
 # on it too costs a temporary b-tree and doubles the time per row; the readers resolve the tie
@@ -55,16 +58,44 @@ WHERE h.ts IS NOT NULL OR m.ts IS NOT NULL
 """
 
 
-def _matches(key: SeriesKey, matchers: Mapping[str, str] | None) -> bool:
-    """PromQL equality matchers: a missing label equals ""; ``__name__`` is the metric name."""
+#: Label matchers a read takes: equality as a mapping, or a ``Selector`` with any operator.
+StoreMatchers: TypeAlias = Mapping[str, str] | Selector | None
+
+
+def _matches(key: SeriesKey, matchers: StoreMatchers) -> bool:
+    """PromQL matchers: a missing label equals ""; ``__name__`` is the metric name."""
     if not matchers:
         return True
     labels = dict(key.labels)
+    if isinstance(matchers, Selector):
+        for m in matchers:
+            have = key.name if m.name == "__name__" else labels.get(m.name, "")
+            if not m.matches(have):
+                return False
+        return True
     for k, want in matchers.items():
         have = key.name if k == "__name__" else labels.get(k, "")
         if have != want:
             return False
     return True
+
+
+def _equality(matchers: StoreMatchers) -> StoreMatchers:
+    """A selector of equality matchers on distinct labels as a mapping: the plain loop of
+    ``_matches`` is the fast one, and most pools are chosen by equality."""
+    if isinstance(matchers, Selector) and all(m.op == "=" for m in matchers) \
+            and len(matchers.names()) == len(matchers):
+        return {m.name: m.value for m in matchers}
+    return matchers
+
+
+def _metric_name(matchers: StoreMatchers) -> str | None:
+    """The metric name an equality ``__name__`` matcher fixes, if any."""
+    if not matchers:
+        return None
+    if isinstance(matchers, Selector):
+        return matchers.equal(_NAME)
+    return matchers.get(_NAME)
 
 
 def _plan(conn: sqlite3.Connection, start_ms: int, end_ms: int) -> rollup.Plan | None:
@@ -123,11 +154,11 @@ class Reader:
         return key
 
     def select_series(
-        self, name: str | None, matchers: Mapping[str, str] | None
+        self, name: str | None, matchers: StoreMatchers
     ) -> list[tuple[int, SeriesKey, str]]:
         """(id, key, type) of the matching series, sorted by key."""
-        if name is None and matchers and "__name__" in matchers:
-            name = matchers["__name__"]
+        if name is None:
+            name = _metric_name(matchers)
         if name is None:
             rows = self._query("list series", "SELECT id, name, labels, type FROM series")
         else:
@@ -137,6 +168,7 @@ class Reader:
                 (name,),
             )
         out = []
+        matchers = _equality(matchers)
         for sid, n, labels, t in rows:
             key = self._key(n, labels)
             if _matches(key, matchers):
@@ -146,7 +178,7 @@ class Reader:
 
     # --- points ----------------------------------------------------------------------------
     def points(
-        self, name: str, matchers: Mapping[str, str] | None, start_ms: int | None,
+        self, name: str, matchers: StoreMatchers, start_ms: int | None,
         end_ms: int | None,
     ) -> dict[SeriesKey, list[Point]]:
         """``Store.points``."""
@@ -179,7 +211,7 @@ class Reader:
         return out
 
     def last_points(
-        self, name: str, matchers: Mapping[str, str] | None, at_ms: int | None,
+        self, name: str, matchers: StoreMatchers, at_ms: int | None,
         lookback_ms: int | None,
     ) -> dict[SeriesKey, Point]:
         """``Store.last_points``."""
@@ -206,7 +238,7 @@ class Reader:
         return {key: found[sid] for sid, key, _ in selected if sid in found}
 
     def frame(
-        self, name: str, matchers: Mapping[str, str] | None, start_ms: int | None,
+        self, name: str, matchers: StoreMatchers, start_ms: int | None,
         end_ms: int | None,
     ) -> pandas.DataFrame:
         """``Store.frame``."""
@@ -247,7 +279,7 @@ class Reader:
 
     # --- rollup windows --------------------------------------------------------------------
     def counter_windows(
-        self, name: str, matchers: Mapping[str, str] | None, start_ms: int, end_ms: int,
+        self, name: str, matchers: StoreMatchers, start_ms: int, end_ms: int,
     ) -> dict[SeriesKey, CounterWindow] | None:
         """``Store.counter_windows``."""
         if not self._rollups:
@@ -272,7 +304,7 @@ class Reader:
         return out
 
     def gauge_windows(
-        self, name: str, matchers: Mapping[str, str] | None, start_ms: int, end_ms: int,
+        self, name: str, matchers: StoreMatchers, start_ms: int, end_ms: int,
     ) -> dict[SeriesKey, GaugeWindow] | None:
         """``Store.gauge_windows``."""
         if not self._gauge_rollups:

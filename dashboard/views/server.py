@@ -10,10 +10,10 @@ import streamlit as st
 from dashboard import charts, data, layout
 from dashboard import format as fmt
 from dashboard.charts import PAGE_COLOR, TICKET_COLOR, Rule
+from dashboard.empty_states import has_dcgm
 from dashboard.timeseries import chart_step, chart_times
 from vigil.config import PoolConfig
 from vigil.conventions import (
-    KIND_DCGM,
     VLLM_ITERATION_TOKENS,
     VLLM_PREEMPTIONS,
     VLLM_PREFIX_CACHE_HITS,
@@ -29,10 +29,12 @@ ctx = data.context()
 
 def _gpu(pool: PoolConfig, times: list[float]) -> None:
     st.markdown("**GPU SM utilisation** (DCGM, per GPU)")
-    if not any(t.pool == pool.name and t.kind == KIND_DCGM for t in ctx.config.targets):
+    # The dashboard reads a Prometheus exactly when [engine] prometheus_url is set.
+    if not has_dcgm(ctx.config, pool, external=bool(ctx.config.engine.prometheus_url)):
         st.caption(":material/info: No DCGM exporter target in this pool: add a "
                    '`[[targets]]` with `kind = "dcgm"` (dcgm-exporter\'s `/metrics`, port 9400) '
-                   f"to `{ctx.path}` to see GPU utilisation.")
+                   f"to `{ctx.path}`, or a `dcgm_selector` to the pool when reading a "
+                   "Prometheus, to see GPU utilisation.")
         return
     rows = [(t, gpu, v) for t, per_gpu in data.series(ctx, "sm", times, pool.name)
             for gpu, v in per_gpu.items()]
