@@ -16,8 +16,11 @@ triggers: the very rule ``slo.scaling`` applies on scale-out (``ceil(current × 
   for 0.9, ``ttft-p99-9`` for 0.999).
 
 The queries are built by the same functions as the recording rules (``alerts.rules_promql``),
-so the two cannot drift; each is a single-element vector (KEDA refuses more than one element),
-and ``or vector(0)`` turns "no data" (an idle pool, no replica) into 0 rather than an error.
+so the two cannot drift: a pool with a ``selector`` is read through it (the series of a
+Prometheus that scrapes the replicas itself, e.g. ``vllm:num_requests_waiting{namespace="llm",
+service="chat-vllm"}``), its replicas told apart by its ``replica_label``. Each query is a
+single-element vector (KEDA refuses more than one element), and ``or vector(0)`` turns "no
+data" (an idle pool, no replica) into 0 rather than an error.
 
 Behaviour (``advanced.horizontalPodAutoscalerConfig.behavior``): scale-up is immediate
 (stabilisation 0 s; +100 % or +4 pods per 15 s, whichever is more: the HPA's own default),
@@ -181,11 +184,11 @@ def _triggers(config: Config, pool: PoolConfig, url: str) -> tuple[list[dict[str
     # A trigger name is part of a Kubernetes metric name: no dot ("p99.9" -> "p99-9").
     ttft_name = "ttft-" + quantile_key(q).replace(".", "-")
     candidates = [
-        ("queue-length", queue_length_expr(pool.name, by=()), s.scale_out_queue_length,
+        ("queue-length", queue_length_expr(pool, by=()), s.scale_out_queue_length,
          "scaling.scale_out_queue_length"),
-        ("kv-cache-usage", kv_usage_expr(pool.name, "avg", by=()), s.scale_out_kv_usage,
+        ("kv-cache-usage", kv_usage_expr(pool, "avg", by=()), s.scale_out_kv_usage,
          "scaling.scale_out_kv_usage"),
-        (ttft_name, quantile_expr(q, VLLM_TTFT, pool.name, config.engine.window, by=()),
+        (ttft_name, quantile_expr(q, VLLM_TTFT, pool, config.engine.window, by=()),
          ttft, "scaling.scale_out_ttft_ratio"),
     ]
     triggers, warnings = [], []

@@ -19,6 +19,15 @@ and one 5xx, counted once. Replica ``R1`` (the second target, else ``p-1``) is d
 the answers are 5xx), the error rate and TTFT, leaves e2e alone, and raises
 ``KvCacheUsageHigh``, ``TargetDown`` and ``ErrorBudgetLow``.
 
+**A pool with a selector** (``[[pools]] selector``) has its series in a Prometheus with the
+team's labels only, so its input series carry labels that satisfy the selector
+(``selector_labels``: an ``=`` matcher's value, a string a ``=~`` regex fully matches, a value
+``!=`` / ``!~`` reject) and the replica's name under its ``replica_label``, and nothing of
+Vigil's own (no ``pool``, ``kind``, ``instance``). The engine's expectations are computed over
+the same samples labelled as Vigil's store holds them (``{instance, pool, kind}``, the same
+replica as ``instance``), since the numbers do not depend on the labels; an alert's expected
+labels are then the selector's series' own.
+
 Counters start at 0 and grow by whole numbers, and the evaluation time sits between two
 samples: then a range's left edge never falls on a sample, and Prometheus 3.x (left-open
 ranges) sees the same samples as 2.42. With these inputs the 3.x rules (Kahan sums, its
@@ -47,7 +56,7 @@ from slo.signals import kv_usage_at, queue_length_at
 from slo.sli import error_ratio
 from slo.source import Matchers
 from slo.spec import SloSpec
-from vigil.config import Config, PoolConfig
+from vigil.config import Config, PoolConfig, TargetConfig
 from vigil.conventions import (
     FILE_ALERT_RULES,
     FILE_SLO_RULES,
@@ -74,7 +83,9 @@ from vigil.conventions import (
     VLLM_TTFT,
     VLLM_TTFT_BUCKETS,
 )
+from vigil.errors import ConfigError
 from vigil.model import Labels, Point, labels_of
+from vigil.selectors import LabelMatcher, Selector, as_selector
 
 __all__ = [
     "INPUT_INTERVAL_S",
@@ -82,11 +93,14 @@ __all__ = [
     "TRAFFIC",
     "EngineExpectations",
     "InputSeries",
+    "PoolLabels",
     "SeriesSource",
     "eval_time_for",
     "pool_inputs",
+    "pool_labels",
     "promtool_test_document",
     "render_template",
+    "selector_labels",
 ]
 
 #: One input sample a minute for two hours (121 samples, at 0, 1m, ..., 120m).
@@ -167,9 +181,10 @@ def _replica_names(config: Config, pool: PoolConfig) -> tuple[str, str]:
     return serving, down
 
 
-def pool_inputs(config: Config, pool: PoolConfig, specs: Sequence[SloSpec],
-                traffic: Traffic = TRAFFIC) -> list[InputSeries]:
-    """The synthetic series of one pool (see the module docs)."""
+def _vigil_inputs(config: Config, pool: PoolConfig, specs: Sequence[SloSpec],
+                  traffic: Traffic = TRAFFIC) -> list[InputSeries]:
+    """The synthetic series of one pool as Vigil's store labels them (``instance``, ``pool``,
+    ``kind``)."""
     serving, down = _replica_names(config, pool)
     others = {s.model for s in specs if s.pool == pool.name} - {pool.model}
     models = [pool.model, *sorted(others)]
@@ -194,11 +209,212 @@ def pool_inputs(config: Config, pool: PoolConfig, specs: Sequence[SloSpec],
     return series
 
 
+# Candidates for a label only `!=` / `!~` constrain, tried in order.
+_OTHER_VALUES = ("other", "x", "0", "vigil-test")
+
+
+def _class_char(items: Sequence[tuple[Any, Any]]) -> str | None:
+    """A character of a regex character class (``[a-z]``, ``\\d``, ``[^x]``)."""
+    negate = any(getattr(op, "name", "") == "NEGATE" for op, _ in items)
+    if negate:
+        return None  # left to the full-match check over _OTHER_VALUES characters
+    for op, av in items:
+        name = getattr(op, "name", "")
+        if name == "LITERAL":
+            return chr(av)
+        if name == "RANGE":
+            return chr(av[0])
+        if name == "CATEGORY":
+            return _category_char(av)
+    return None
+
+
+def _category_char(category: Any) -> str | None:
+    return {"CATEGORY_DIGIT": "0", "CATEGORY_NOT_DIGIT": "a", "CATEGORY_WORD": "a",
+            "CATEGORY_NOT_WORD": "-", "CATEGORY_SPACE": " ",
+            "CATEGORY_NOT_SPACE": "a"}.get(getattr(category, "name", ""))
+
+
+def _emit(items: Iterable[tuple[Any, Any]], out: list[str]) -> bool:
+    """Append the shortest string the parsed regex ``items`` spell (first alternative, fewest
+    repetitions); ``False`` for a construct this does not handle (back-references,
+    look-arounds, negated classes)."""
+    for op, av in items:
+        name = getattr(op, "name", "")
+        if name == "LITERAL":
+            out.append(chr(av))
+        elif name == "NOT_LITERAL":
+            out.append("y" if chr(av) == "x" else "x")
+        elif name == "ANY":
+            out.append("x")
+        elif name == "IN":
+            char = _class_char(av)
+            if char is None:
+                return False
+            out.append(char)
+        elif name == "CATEGORY":
+            char = _category_char(av)
+            if char is None:
+                return False
+            out.append(char)
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            low, _, sub = av
+            for _ in range(low):
+                if not _emit(sub, out):
+                    return False
+        elif name == "SUBPATTERN":
+            if not _emit(av[-1], out):
+                return False
+        elif name == "ATOMIC_GROUP":
+            if not _emit(av, out):
+                return False
+        elif name == "BRANCH":
+            if not _emit(av[1][0], out):
+                return False
+        elif name != "AT":  # anchors spell nothing; a regex matcher is anchored anyway
+            return False
+    return True
+
+
+def _regex_candidates(pattern: str) -> list[str]:
+    """Strings worth trying against ``pattern``: the pattern itself with its escapes undone
+    (``chat\\.vllm`` -> ``chat.vllm``), and the shortest string of each top-level
+    alternative (``chat-.*`` -> ``chat-``, ``(a|b)-[0-9]+`` -> ``a-0``)."""
+    literal = re.sub(r"\\(.)", r"\1", pattern)
+    out: list[str] = []
+    try:
+        # The stdlib's own regex parser: the structure Python's (and here RE2's) syntax has.
+        from re import _parser  # type: ignore[attr-defined]
+
+        tree = _parser.parse(pattern)
+    except (ImportError, re.error, AttributeError):
+        return [literal]
+    items = list(tree)
+    branches = [items]
+    if len(items) == 1 and getattr(items[0][0], "name", "") == "BRANCH":
+        branches += [list(alt) for alt in items[0][1][1]]
+    for branch in branches:
+        text: list[str] = []
+        if _emit(branch, text):
+            out.append("".join(text))
+    return [*out, literal]
+
+
+def _label_value(name: str, matchers: Sequence[LabelMatcher], prefer: Sequence[str] = (),
+                 exclude: Sequence[str] = ()) -> str:
+    """A non-empty value of label ``name`` that every matcher in ``matchers`` accepts (tried:
+    ``prefer``, the ``=`` values, strings of the ``=~`` patterns, other values), not one of
+    ``exclude``."""
+    candidates: list[str] = [*prefer, *(m.value for m in matchers if m.op == "=")]
+    for m in matchers:
+        if m.op == "=~":
+            candidates += _regex_candidates(m.value)
+    candidates += [*(f"{m.value}-other" for m in matchers if m.op == "!="), *_OTHER_VALUES]
+    for value in dict.fromkeys(candidates):
+        if value and value not in exclude and all(m.matches(value) for m in matchers):
+            return value
+    rejecting = [m.promql() for m in matchers]
+    raise ValueError(f"no label value found for {' and '.join(rejecting)} (tried "
+                     f"{', '.join(repr(c) for c in dict.fromkeys(candidates))}); write the "
+                     "matcher so that its pattern spelled out literally, or its first "
+                     "alternative, matches")
+
+
+def selector_labels(selector: Selector, skip: Iterable[str] = ()) -> dict[str, str]:
+    """Labels (name -> non-empty value) that satisfy every matcher of ``selector``, one per
+    label it matches on, except those in ``skip``. ``ValueError`` naming the matcher when no
+    value is found (see ``_label_value``)."""
+    skipped = set(skip)
+    return {name: _label_value(name, [m for m in selector if m.name == name])
+            for name in selector.names() if name not in skipped}
+
+
+@dataclass(frozen=True)
+class PoolLabels:
+    """How the synthetic series of one pool are labelled in the promtool test.
+
+    Without a selector: as Vigil's store holds them (``relabel`` is the identity). With one:
+    ``base`` (labels satisfying the selector) and the replica's name under ``replica_label``,
+    instead of ``instance``, ``pool`` and ``kind``."""
+
+    selector: Selector | None = None
+    base: Mapping[str, str] = field(default_factory=dict)
+    replica_label: str = LABEL_INSTANCE
+    #: Vigil's ``instance`` -> the replica's value of ``replica_label``.
+    replicas: Mapping[str, str] = field(default_factory=dict)
+
+    def relabel(self, labels: Mapping[str, str]) -> dict[str, str]:
+        """``labels`` of a Vigil-labelled series as the test's input series carries them."""
+        if self.selector is None:
+            return dict(labels)
+        own = {k: v for k, v in labels.items() if k not in (LABEL_INSTANCE, LABEL_POOL,
+                                                              LABEL_KIND)}
+        out = {**self.base, **own}
+        instance = labels.get(LABEL_INSTANCE)
+        if instance is not None:
+            out[self.replica_label] = self.replicas.get(instance, instance)
+        return out
+
+    def keeps(self, labels: Mapping[str, str]) -> bool:
+        """Whether the relabelled series is one the selector chooses (a selector on a label
+        the fleet sets itself, such as ``model_name``, may leave some out)."""
+        return self.selector is None or self.selector.matches(labels)
+
+
+def pool_labels(config: Config, pool: PoolConfig) -> PoolLabels:
+    """The ``PoolLabels`` of ``pool``; ``ConfigError`` naming the pool's selector when no
+    label set satisfies it."""
+    if not pool.has_selector:
+        return PoolLabels()
+    selector = pool.series(KIND_VLLM, external=True)
+    replica = pool.replica_label_for(external=True)
+    index = config.pools.index(pool) if pool in config.pools else None
+    key = "pools.selector" if index is None else f"pools[{index}].selector"
+    try:
+        base = selector_labels(selector, skip=(replica,))
+        serving, down = _replica_names(config, pool)
+        on_replica = [m for m in selector if m.name == replica]
+        if on_replica:
+            first = _label_value(replica, on_replica, (serving,))
+            second = _label_value(replica, on_replica,
+                                  (down, *(f"{first}{s}" for s in ("-1", "1", "-b", "b"))),
+                                  exclude=(first,))
+        else:
+            first, second = serving, down
+    except ValueError as exc:
+        raise ConfigError(f"pool {pool.name!r}: cannot write promtool test series for its "
+                          f"selector: {exc}", file=config.source or None, key=key) from None
+    return PoolLabels(selector, base, replica, {serving: first, down: second})
+
+
+def pool_inputs(config: Config, pool: PoolConfig, specs: Sequence[SloSpec],
+                traffic: Traffic = TRAFFIC) -> list[InputSeries]:
+    """The synthetic series of one pool (see the module docs), labelled as the test feeds
+    them to promtool (``pool_labels``)."""
+    return _inputs(config, pool, specs, traffic)[0]
+
+
+def _inputs(config: Config, pool: PoolConfig, specs: Sequence[SloSpec],
+            traffic: Traffic = TRAFFIC) -> tuple[list[InputSeries], list[InputSeries],
+                                                 PoolLabels]:
+    """``(promtool's series, the same as Vigil's store labels them, the labelling)``."""
+    labels = pool_labels(config, pool)
+    given, vigil = [], []
+    for s in _vigil_inputs(config, pool, specs, traffic):
+        relabelled = labels.relabel(s.labels)
+        if labels.keeps(relabelled):
+            given.append(InputSeries(s.name, relabelled, s.start, s.step))
+            vigil.append(s)
+    return given, vigil, labels
+
+
 class SeriesSource:
     """``slo.source.Source`` over in-memory series (no staleness markers), computed with the
-    same ``slo.promql`` primitives as ``EmbeddedSource``."""
+    same ``slo.promql`` primitives as ``EmbeddedSource``. Its series carry Vigil's own labels
+    (``external`` is false), and matchers may be a mapping or a ``Selector``."""
 
     kind = "memory"
+    external = False
 
     def __init__(self, series: Iterable[InputSeries], *, semantics: SemanticsLike = "2",
                  lookback_s: float = 300.0) -> None:
@@ -209,9 +425,10 @@ class SeriesSource:
             self._series.setdefault(s.name, {})[labels_of(s.labels)] = s.points()
 
     def _select(self, metric: str, matchers: Matchers) -> dict[Labels, list[Point]]:
+        chosen = as_selector(matchers)
         return {
             labels: points for labels, points in self._series.get(metric, {}).items()
-            if all(dict(labels).get(k, "") == v for k, v in matchers.items())
+            if chosen.matches(dict(labels))
         }
 
     def _per_series_increase(self, metric: str, matchers: Matchers, at_s: float,
@@ -301,13 +518,15 @@ def _series_text(name: str, labels: Mapping[str, str]) -> str:
 @dataclass
 class EngineExpectations:
     """The embedded engine's answer to each rule of one pool, at one time, from ``source``:
-    what a recording rule must record, which alerts an alerting rule must fire."""
+    what a recording rule must record, which alerts an alerting rule must fire. ``labels``:
+    how the pool's series are labelled in the test (an alert names the replica as they do)."""
 
     config: Config
     pool: PoolConfig
     specs: Sequence[SloSpec]
     source: SeriesSource
     at_s: float
+    labels: PoolLabels = field(default_factory=PoolLabels)
 
     def recorded(self, rule: Rule) -> list[tuple[dict[str, str], float]]:
         """The samples (labels without the name, value) ``rule`` must record at the
@@ -379,8 +598,10 @@ class EngineExpectations:
             for instance, values in sorted(per_instance.items()):
                 mean = math.fsum(values) / len(values)
                 if held and mean > self.config.alerts.kv_usage_high:
-                    out.append({LABEL_POOL: self.pool.name, LABEL_INSTANCE: instance,
-                                **rule.labels})
+                    replica = self.labels.relabel({LABEL_INSTANCE: instance})
+                    if self.labels.selector is not None:  # only the replica is kept
+                        replica = {self.labels.replica_label: replica[self.labels.replica_label]}
+                    out.append({LABEL_POOL: self.pool.name, **replica, **rule.labels})
             return out
         if o.kind == "target_down":
             matchers = {LABEL_POOL: self.pool.name}
@@ -388,9 +609,22 @@ class EngineExpectations:
                 matchers[LABEL_INSTANCE] = o.instance
             for labels, value in sorted(src.instant(SERIES_UP, matchers, at).items()):
                 if held and value == 0:
-                    out.append({**dict(labels), **rule.labels})
+                    out.append({**self.labels.relabel(dict(labels)), **rule.labels})
             return out
         raise ValueError(f"no expectation for {o.kind!r}")
+
+
+def _expectation_config(config: Config, pool: PoolConfig, labels: PoolLabels) -> Config:
+    """``config`` as the engine takes it for the test's fleet. A selector's replicas are not
+    Vigil's targets, and the rules bill each of their samples for ``[collector]
+    scrape_interval`` (PromQL has no median spacing): the engine is told so by taking the
+    test's replicas as targets scraped at that interval."""
+    if labels.selector is None:
+        return config
+    known = {t.name for t in config.targets}
+    extra = [TargetConfig(name=name, url="http://127.0.0.1:1/metrics", pool=pool.name)
+             for name in labels.replicas if name not in known]
+    return config.model_copy(update={"targets": [*config.targets, *extra]})
 
 
 def _pool_rules(groups: Sequence[RuleGroup], pool: str) -> list[Rule]:
@@ -401,8 +635,9 @@ def _pool_test(config: Config, pool: PoolConfig, specs: Sequence[SloSpec],
                recording: Sequence[RuleGroup], alerting: Sequence[RuleGroup],
                at_s: float) -> dict[str, Any]:
     pool_specs = [s for s in specs if s.pool == pool.name]
-    inputs = pool_inputs(config, pool, pool_specs)
-    expect = EngineExpectations(config, pool, pool_specs, SeriesSource(inputs), at_s)
+    inputs, vigil_inputs, labels = _inputs(config, pool, pool_specs)
+    expect = EngineExpectations(_expectation_config(config, pool, labels), pool, pool_specs,
+                                SeriesSource(vigil_inputs), at_s, labels)
     eval_time = prom_duration(at_s)
     expr_tests = []
     for rule in _pool_rules(recording, pool.name):

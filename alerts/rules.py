@@ -16,7 +16,10 @@ A pipeline of small steps, each a pure function of the config (like Sloth's), fe
    (``alerts.promtool_tests``).
 
 Every expression computes the same number as the embedded engine (``alerts.rules_promql``);
-every name comes from ``vigil.conventions``. ``RulesResult.files()`` renders the four files
+every name comes from ``vigil.conventions``. A pool with a ``selector`` is read through it (the
+series a Prometheus that scrapes the replicas itself stores, with the team's labels), its
+replicas told apart by its ``replica_label``; whatever the series, the rules' output carries
+``pool`` (and ``slo``). ``RulesResult.files()`` renders the four files
 with a byte-stable writer (``alerts.rules_yaml``): the same config always gives the same bytes.
 """
 
@@ -212,8 +215,8 @@ def generate(config: Config, options: RulesOptions | None = None) -> RulesResult
     opts = options or rules_options(config)
     v = validate(config)
     slo_groups: list[RuleGroup] = []
-    sli = sli_recording_rules(v.specs, v.windows_s, opts)
-    meta = meta_recording_rules(v.specs, v.windows_s, v.current_window_s, opts)
+    sli = sli_recording_rules(v.specs, v.windows_s, opts, config.pools)
+    meta = meta_recording_rules(v.specs, v.windows_s, v.current_window_s, opts, config.pools)
     # Per SLO: its SLI group, then its metadata and period groups.
     for i, group in enumerate(sli):
         slo_groups += [group, meta[2 * i], meta[2 * i + 1]]

@@ -23,8 +23,15 @@ Per pool (group ``vigil-pool-alerts-<pool>``):
   scrapes, i.e. for ``(N - 1) × scrape interval`` (the first failed scrape starts the clock).
   One rule for the pool when its targets share a scrape interval, else one per target.
 
-Every alert carries ``severity`` and the ``model`` label of Vigil's own alerts; the series
-labels (``slo``, ``pool``, ``model_name``, ``instance``) come from the expression.
+A pool with a selector (``[[pools]] selector``) is watched through it: ``TargetDown`` on the
+``up`` series the selector (and the ``dcgm_selector``) chooses, for ``N - 1`` scrapes at
+``[collector] scrape_interval`` (the interval Vigil assumes for a Prometheus's own scrapes, as
+the cost rules do); ``KvCacheUsageHigh`` per replica as its ``replica_label`` tells them apart,
+and the alerts name the replica by that label.
+
+Every alert carries ``severity``, ``pool`` and the ``model`` label of Vigil's own alerts from
+its ``labels:``; the other series labels (``slo``, ``model_name``, the replica's ``instance``
+or ``replica_label``, a selector's series' own labels) come from the expression.
 Annotations use only ``$labels`` (never ``$value``), so that the generated promtool tests can
 state them exactly.
 """
@@ -34,10 +41,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from alerts.rules_model import Origin, Rule, RuleGroup, RulesOptions, prom_duration
-from alerts.rules_promql import number, replica_kv_usage_expr, selector, sli_error_expr
+from alerts.rules_promql import (
+    number,
+    pool_series,
+    replica_kv_usage_expr,
+    replica_label,
+    selector,
+    sli_error_expr,
+)
 from alerts.rules_sli import (
     budget_expr,
     period_remaining_standalone,
+    pool_of,
     sli_record_name,
     slo_selector,
 )
@@ -54,6 +69,7 @@ from vigil.conventions import (
     ANNOTATION_SUMMARY,
     GROUP_POOL_ALERTS,
     GROUP_SLO_ALERTS,
+    KIND_DCGM,
     LABEL_INSTANCE,
     LABEL_MODEL,
     LABEL_POOL,
@@ -76,13 +92,15 @@ def severities(table: Sequence[BurnRateAlert | SloBurnAlert]) -> list[str]:
     return out
 
 
-def _row(spec: SloSpec, row: SloBurnAlert, *, standalone: bool) -> str:
+def _row(spec: SloSpec, row: SloBurnAlert, *, standalone: bool,
+         pool: PoolConfig | None) -> str:
     budget = budget_expr(spec)
     factor = number(row.factor)
     parts = []
     for window in (row.long_window, row.short_window):
         if standalone:
-            inner = "\n".join("  " + line for line in sli_error_expr(spec, window).split("\n"))
+            ratio_expr = sli_error_expr(spec, window, pool=pool)
+            inner = "\n".join("  " + line for line in ratio_expr.split("\n"))
             ratio = f"(\n{inner}\n)"
         else:
             ratio = slo_selector(sli_record_name(window), spec)
@@ -92,10 +110,11 @@ def _row(spec: SloSpec, row: SloBurnAlert, *, standalone: bool) -> str:
 
 
 def burn_alert_expr(spec: SloSpec, rows: Sequence[SloBurnAlert], *,
-                    standalone: bool = False) -> str:
+                    standalone: bool = False, pool: PoolConfig | None = None) -> str:
     """The OR of the rows' ``long > factor and short > factor`` conditions (the rows of
-    ``spec``'s period: ``slo.burn_rate.slo_burn_alerts``)."""
-    return "\nor\n".join(_row(spec, row, standalone=standalone) for row in rows)
+    ``spec``'s period: ``slo.burn_rate.slo_burn_alerts``); ``pool`` chooses the raw series
+    of the standalone form (its selector)."""
+    return "\nor\n".join(_row(spec, row, standalone=standalone, pool=pool) for row in rows)
 
 
 def _slo_labels(spec: SloSpec) -> dict[str, str]:
@@ -114,13 +133,14 @@ def _rows_text(rows: Sequence[SloBurnAlert]) -> str:
 def _slo_alerts(spec: SloSpec, config: Config) -> tuple[Rule, ...]:
     table = slo_burn_alerts(config.engine.burn_rate_alerts, spec.period_s)
     dashboard = config.alerts.dashboard_url
+    pool = pool_of(spec, config.pools)
     rules: list[Rule] = []
     for severity in severities(table):
         rows = [r for r in table if r.severity == severity]
         rules.append(Rule(
             alert=ALERT_ERROR_BUDGET_BURN,
             expr=burn_alert_expr(spec, rows),
-            standalone=burn_alert_expr(spec, rows, standalone=True),
+            standalone=burn_alert_expr(spec, rows, standalone=True, pool=pool),
             labels={LABEL_SEVERITY: severity, **_slo_labels(spec)},
             annotations={
                 ANNOTATION_SUMMARY: f"SLO {{{{ $labels.slo }}}} burns its error budget too fast "
@@ -141,7 +161,7 @@ def _slo_alerts(spec: SloSpec, config: Config) -> tuple[Rule, ...]:
     rules.append(Rule(
         alert=ALERT_ERROR_BUDGET_LOW,
         expr=f"{remaining} < {low}",
-        standalone=f"{period_remaining_standalone(spec)} < {low}",
+        standalone=f"{period_remaining_standalone(spec, pool)} < {low}",
         labels={LABEL_SEVERITY: SEVERITY_TICKET, **_slo_labels(spec)},
         annotations={
             ANNOTATION_SUMMARY: "SLO {{ $labels.slo }} has little error budget left",
@@ -158,7 +178,37 @@ def _slo_alerts(spec: SloSpec, config: Config) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
+def _selector_target_down(config: Config, pool: PoolConfig) -> list[Rule]:
+    """``TargetDown`` of a pool whose series a Prometheus scrapes itself (see the module
+    docs): one rule on its selectors' ``up``, naming the replica by ``replica_label``."""
+    interval = config.collector.scrape_interval
+    scrapes = config.alerts.target_down_scrapes
+    ups = [pool_series(pool).promql(SERIES_UP)]
+    if pool.dcgm_selector:
+        ups.append(pool_series(pool, KIND_DCGM).promql(SERIES_UP))
+    replica = replica_label(pool)
+    return [Rule(
+        alert=ALERT_TARGET_DOWN,
+        expr="\nor\n".join(f"{up} == 0" for up in ups),
+        for_s=(scrapes - 1) * interval,
+        labels={LABEL_SEVERITY: SEVERITY_TICKET, LABEL_POOL: pool.name, LABEL_MODEL: pool.model},
+        annotations={
+            # $labels are the expression's, and a selector's series have no `pool`.
+            ANNOTATION_SUMMARY: f"Target {{{{ $labels.{replica} }}}} of pool {pool.name} is down",
+            ANNOTATION_DESCRIPTION: (
+                f"{scrapes} scrapes in a row of the target {{{{ $labels.{replica} }}}} "
+                f"failed (every {prom_duration(interval)})."
+            ),
+            ANNOTATION_DASHBOARD_URL: config.alerts.dashboard_url,
+        },
+        origin=Origin("target_down", pool=pool.name, window_s=interval,
+                      severity=SEVERITY_TICKET),
+    )]
+
+
 def _target_down(config: Config, pool: PoolConfig) -> list[Rule]:
+    if pool.has_selector:
+        return _selector_target_down(config, pool)
     targets = [t for t in config.targets if t.pool == pool.name]
     if not targets:
         return []
@@ -197,19 +247,22 @@ def _target_down(config: Config, pool: PoolConfig) -> list[Rule]:
 
 def _pool_alerts(config: Config, pool: PoolConfig, options: RulesOptions) -> tuple[Rule, ...]:
     threshold = number(config.alerts.kv_usage_high)
+    replica = replica_label(pool)
+    # $labels are the expression's: a selector's series have no `pool` to template.
+    pool_text = pool.name if pool.has_selector else "{{ $labels.pool }}"
     kv = Rule(
         alert=ALERT_KV_CACHE_HIGH,
-        expr=f"{replica_kv_usage_expr(pool.name)} > {threshold}",
+        expr=f"{replica_kv_usage_expr(pool)} > {threshold}",
         for_s=options.kv_alert_for_s,
         labels={LABEL_SEVERITY: SEVERITY_TICKET, LABEL_POOL: pool.name, LABEL_MODEL: pool.model},
         annotations={
-            ANNOTATION_SUMMARY: "KV cache of {{ $labels.instance }} (pool {{ $labels.pool }}) "
-                                "is nearly full",
+            ANNOTATION_SUMMARY: f"KV cache of {{{{ $labels.{replica} }}}} "
+                                f"(pool {pool_text}) is nearly full",
             ANNOTATION_DESCRIPTION: (
-                f"KV-cache usage of {{{{ $labels.instance }}}} has been above {threshold} for "
+                f"KV-cache usage of {{{{ $labels.{replica} }}}} has been above {threshold} for "
                 f"{prom_duration(options.kv_alert_for_s)}: when it is full, vLLM queues new "
                 f"requests and preempts running ones (recomputed later). Add replicas to pool "
-                f"{{{{ $labels.pool }}}} (vigil slo status)."
+                f"{pool_text} (vigil slo status)."
             ),
             ANNOTATION_DASHBOARD_URL: config.alerts.dashboard_url,
         },

@@ -19,6 +19,15 @@ builder                        engine
 ``per_requests_expr``          ``slo.cost.pool_cost`` ``per_1000_requests``
 =============================  ===========================================================
 
+**Which series.** Each builder takes the pool as a ``PoolConfig`` (or just its name) and reads
+its raw series through ``pool_series``: ``pool.series(kind, external=True)``, the pool's
+``selector`` when it has one (a Prometheus that scrapes the replicas itself, e.g. with
+kube-prometheus-stack: ``namespace="llm", service="chat-vllm"``), else the labels of Vigil's
+own scrape jobs, ``{pool="<name>", kind="vllm"}``. Replicas are told apart by
+``replica_label`` (``pod``, say) in a selector's series and by ``instance`` otherwise. A
+selector's series carry no ``pool`` label, so for such a pool nothing is grouped by ``pool``:
+the aggregation keeps the other labels and the rule's ``labels:`` add ``pool`` (and ``slo``).
+
 "No data" is an absent series, as the engine's ``None``: a ratio whose denominator is 0 is
 filtered out with ``> 0`` rather than recorded as NaN, and so is a NaN quantile (``>= 0``).
 
@@ -44,6 +53,7 @@ from prometheus_client.utils import floatToGoString
 
 from alerts.rules_model import prom_duration
 from slo.spec import SloSpec
+from vigil.config import PoolConfig
 from vigil.conventions import (
     FINISHED_REASON_ERROR,
     HTTP_METHOD_POST,
@@ -69,10 +79,12 @@ from vigil.conventions import (
     VLLM_TTFT,
     VLLM_TTFT_BUCKETS,
 )
+from vigil.selectors import LabelMatcher, Selector, default_pool_selector
 
 __all__ = [
     "LATENCY_METRICS",
     "SLO_BY",
+    "PoolLike",
     "availability_error_expr",
     "bucket_bounds",
     "error_rate_expr",
@@ -82,16 +94,23 @@ __all__ = [
     "le_label",
     "number",
     "per_requests_expr",
+    "pool_by",
     "pool_matchers",
+    "pool_series",
     "promql_string",
     "quantile_expr",
     "queue_length_expr",
     "replica_kv_usage_expr",
+    "replica_label",
     "replica_up_error_expr",
     "selector",
     "sli_error_expr",
     "slo_matchers",
+    "slo_series",
 ]
+
+#: A pool as the builders take it: its config, or only its name (Vigil's own labels).
+PoolLike = PoolConfig | str
 
 #: Latency indicator -> vLLM histogram (base name) and its default bucket bounds.
 LATENCY_METRICS: dict[str, tuple[str, tuple[float, ...]]] = {
@@ -142,14 +161,54 @@ def slo_matchers(spec: SloSpec) -> dict[str, str]:
     return {**pool_matchers(spec.pool), LABEL_MODEL_NAME: spec.model}
 
 
+def _has_selector(pool: PoolLike) -> bool:
+    return isinstance(pool, PoolConfig) and pool.has_selector
+
+
+def pool_series(pool: PoolLike, kind: str = KIND_VLLM) -> Selector:
+    """The matchers of the pool's ``kind`` series in a Prometheus: ``pool.series(kind,
+    external=True)``; ``{pool="<name>", kind="<kind>"}`` for a bare name."""
+    if isinstance(pool, PoolConfig):
+        return pool.series(kind, external=True)
+    return default_pool_selector(pool, kind)
+
+
+def _spec_pool(spec: SloSpec, pool: PoolConfig | None) -> PoolLike:
+    """The pool an SLO's expressions read: ``pool``, else the spec's own ``pool_config``,
+    else its pool's name (Vigil's labels)."""
+    return pool or getattr(spec, "pool_config", None) or spec.pool
+
+
+def slo_series(spec: SloSpec, pool: PoolConfig | None = None) -> Selector:
+    """The vLLM series an SLO reads: its pool's (``pool``, else the spec's), of its model."""
+    return pool_series(_spec_pool(spec, pool)).and_equal((LABEL_MODEL_NAME, spec.model))
+
+
+def replica_label(pool: PoolLike) -> str:
+    """The label telling the pool's replicas apart in the series the rules read: the pool's
+    ``replica_label`` when a selector chooses them, ``instance`` (the target's name) in the
+    series of Vigil's own scrape jobs."""
+    if _has_selector(pool):
+        assert isinstance(pool, PoolConfig)
+        return pool.replica_label_for(external=True)
+    return LABEL_INSTANCE
+
+
+def pool_by(pool: PoolLike, by: Sequence[str]) -> tuple[str, ...]:
+    """``by`` without ``pool`` for a pool chosen by a selector: its series have no ``pool``
+    label (or one of the team's own meaning), the rule's ``labels:`` add it instead."""
+    if _has_selector(pool):
+        return tuple(b for b in by if b != LABEL_POOL)
+    return tuple(by)
+
+
 def _agg(op: str, by: Sequence[str]) -> str:
     """``sum by (a, b) `` or plain ``sum`` (then the parenthesis follows directly)."""
     return f"{op} by ({', '.join(by)}) " if by else op
 
 
-def _sum_increase(metric: str, matchers: Mapping[str, str], window: str,
-                  by: Sequence[str]) -> str:
-    return f"{_agg('sum', by)}(increase({selector(metric, matchers)}[{window}]))"
+def _sum_increase(metric: str, matchers: Selector, window: str, by: Sequence[str]) -> str:
+    return f"{_agg('sum', by)}(increase({matchers.promql(metric)}[{window}]))"
 
 
 def _indent(text: str, prefix: str = "  ") -> str:
@@ -165,8 +224,10 @@ def bucket_bounds(indicator: str) -> tuple[str, tuple[float, ...]]:
 
 
 def latency_error_expr(spec: SloSpec, window_s: float,
-                       bounds: Sequence[float] | None = None) -> str:
-    """``1 - bucket_fraction_below(threshold)`` of the SLO's histogram over the window."""
+                       bounds: Sequence[float] | None = None, *,
+                       pool: PoolConfig | None = None) -> str:
+    """``1 - bucket_fraction_below(threshold)`` of the SLO's histogram over the window;
+    ``pool``: the SLO's pool (its selector), else Vigil's labels of ``spec.pool``."""
     metric, default_bounds = bucket_bounds(spec.indicator)
     les = sorted(float(b) for b in (default_bounds if bounds is None else bounds))
     threshold = spec.threshold_seconds
@@ -178,11 +239,12 @@ def latency_error_expr(spec: SloSpec, window_s: float,
         # rules assume vLLM's positive bounds.
         raise ValueError(f"SLO {spec.name!r}: bucket bounds must be positive, got {les!r}")
     window = prom_duration(window_s)
-    m = slo_matchers(spec)
+    m = slo_series(spec, pool)
+    by = pool_by(_spec_pool(spec, pool), SLO_BY)
 
     def bucket(le: float | str) -> str:
         text = le if isinstance(le, str) else le_label(le)
-        return _sum_increase(metric + SUFFIX_BUCKET, {**m, LABEL_LE: text}, window, SLO_BY)
+        return _sum_increase(metric + SUFFIX_BUCKET, m.and_equal((LABEL_LE, text)), window, by)
 
     total = f"({bucket(_INF)} > 0)"
     if threshold in les:
@@ -209,130 +271,159 @@ def latency_error_expr(spec: SloSpec, window_s: float,
     return "\n".join(["1 - (", "  (", _indent(good, "    "), "  )", "  /", f"  {total}", ")"])
 
 
-def _http_5xx_or_zero(pool: str, window: str) -> str:
+def _http_5xx_or_zero(pool: PoolLike, window: str) -> str:
     """The pool's 5xx POST answers, 0 while its POST series exist without a 5xx one (vLLM
     creates a status's series at its first answer); absent without ``http_requests_total``."""
-    m = {**pool_matchers(pool), LABEL_HTTP_METHOD: HTTP_METHOD_POST}
-    every = _sum_increase(VLLM_HTTP_REQUESTS, m, window, _POOL_BY)
-    five = selector(VLLM_HTTP_REQUESTS, m)[:-1] \
-        + f", {LABEL_HTTP_STATUS}=~{promql_string(HTTP_STATUS_5XX_REGEX)}}}"
-    return f"(\n  {_agg('sum', _POOL_BY)}(increase({five}[{window}]))\n  or\n  0 * {every}\n)"
+    m = pool_series(pool).and_equal((LABEL_HTTP_METHOD, HTTP_METHOD_POST))
+    by = pool_by(pool, _POOL_BY)
+    every = _sum_increase(VLLM_HTTP_REQUESTS, m, window, by)
+    five = Selector([*m, LabelMatcher(LABEL_HTTP_STATUS, "=~", HTTP_STATUS_5XX_REGEX)])
+    return f"(\n  {_sum_increase(VLLM_HTTP_REQUESTS, five, window, by)}\n  or\n  0 * {every}\n)"
 
 
-def error_rate_expr(spec: SloSpec, window_s: float) -> str:
+def error_rate_expr(spec: SloSpec, window_s: float, *,
+                    pool: PoolConfig | None = None) -> str:
     """``slo.sli`` error_rate: with E the finished errors (0 when no ``error`` series exists
     while others do), F every finished request and H the 5xx answers, ``max(E, H) / (F +
     max(H - E, 0))`` (a non-streamed error is in E and H); ``E / F`` when the pool exposes no
     ``http_requests_total``. Summed per pool: ``http_requests_total`` has no ``model_name``."""
     window = prom_duration(window_s)
-    m = slo_matchers(spec)
-    total = _sum_increase(VLLM_REQUEST_SUCCESS, m, window, _POOL_BY)
+    m = slo_series(spec, pool)
+    by = pool_by(_spec_pool(spec, pool), _POOL_BY)
+    total = _sum_increase(VLLM_REQUEST_SUCCESS, m, window, by)
     errors = _sum_increase(VLLM_REQUEST_SUCCESS,
-                           {**m, LABEL_FINISHED_REASON: FINISHED_REASON_ERROR}, window, _POOL_BY)
+                           m.and_equal((LABEL_FINISHED_REASON, FINISHED_REASON_ERROR)), window,
+                           by)
     e = f"(\n{_indent(errors)}\n  or\n  0 * {total}\n)"
-    h = _http_5xx_or_zero(spec.pool, window)
+    h = _http_5xx_or_zero(_spec_pool(spec, pool), window)
     bad = f"(\n{_indent(h)}\n  >\n{_indent(e)}\n)\nor\n{e}"
     extra = f"(\n  clamp_min(\n{_indent(h, '    ')}\n    -\n{_indent(e, '    ')}\n  , 0)" \
             f"\n  or\n  0 * {total}\n)"
     return f"(\n{_indent(bad)}\n)\n/\n(\n  {total}\n  +\n{_indent(extra)}\n  > 0\n)"
 
 
-def availability_error_expr(spec: SloSpec, window_s: float) -> str:
+def availability_error_expr(spec: SloSpec, window_s: float, *,
+                            pool: PoolConfig | None = None) -> str:
     """``slo.sli`` availability from vLLM's API server: the 5xx share of the pool's POST
     answers, ``sum(increase(http_requests_total{status=~"5.."}[w])) / sum(increase(...))``;
     absent without ``http_requests_total`` (the gateway's records are not in Prometheus)."""
     window = prom_duration(window_s)
-    m = {**pool_matchers(spec.pool), LABEL_HTTP_METHOD: HTTP_METHOD_POST}
-    every = _sum_increase(VLLM_HTTP_REQUESTS, m, window, _POOL_BY)
-    return f"{_http_5xx_or_zero(spec.pool, window)}\n/\n({every} > 0)"
+    where = _spec_pool(spec, pool)
+    m = pool_series(where).and_equal((LABEL_HTTP_METHOD, HTTP_METHOD_POST))
+    every = _sum_increase(VLLM_HTTP_REQUESTS, m, window, pool_by(where, _POOL_BY))
+    return f"{_http_5xx_or_zero(where, window)}\n/\n({every} > 0)"
 
 
-def replica_up_error_expr(spec: SloSpec, window_s: float) -> str:
+def replica_up_error_expr(spec: SloSpec, window_s: float, *,
+                          pool: PoolConfig | None = None) -> str:
     """``1 - avg(avg_over_time(up{pool, kind="vllm"}[w]))``: the pool, not the model (``up``
     has no ``model_name``; the rule adds it as a label)."""
     window = prom_duration(window_s)
-    up = selector(SERIES_UP, pool_matchers(spec.pool))
-    return f"1 - {_agg('avg', _POOL_BY)}(avg_over_time({up}[{window}]))"
+    where = _spec_pool(spec, pool)
+    up = pool_series(where).promql(SERIES_UP)
+    return f"1 - {_agg('avg', pool_by(where, _POOL_BY))}(avg_over_time({up}[{window}]))"
 
 
-def sli_error_expr(spec: SloSpec, window_s: float) -> str:
-    """The error ratio (0-1) of ``spec`` over ``window_s`` seconds: ``slo.sli.error_ratio``."""
+def sli_error_expr(spec: SloSpec, window_s: float, *, pool: PoolConfig | None = None) -> str:
+    """The error ratio (0-1) of ``spec`` over ``window_s`` seconds: ``slo.sli.error_ratio``;
+    ``pool``: the SLO's pool, whose selector chooses the series (else Vigil's labels)."""
+    if pool is not None and pool.name != spec.pool:
+        raise ValueError(f"SLO {spec.name!r} is of pool {spec.pool!r}, not {pool.name!r}")
     if spec.is_latency:
-        return latency_error_expr(spec, window_s)
+        return latency_error_expr(spec, window_s, pool=pool)
     if spec.indicator == "error_rate":
-        return error_rate_expr(spec, window_s)
+        return error_rate_expr(spec, window_s, pool=pool)
     if spec.indicator == "availability":
-        return availability_error_expr(spec, window_s)
+        return availability_error_expr(spec, window_s, pool=pool)
     if spec.indicator == INDICATOR_REPLICA_UP:
-        return replica_up_error_expr(spec, window_s)
+        return replica_up_error_expr(spec, window_s, pool=pool)
     raise ValueError(f"SLO {spec.name!r}: unknown indicator {spec.indicator!r}")
 
 
-def quantile_expr(q: float, metric: str, pool: str, window_s: float,
+def quantile_expr(q: float, metric: str, pool: PoolLike, window_s: float,
                   by: Sequence[str] = (LABEL_POOL, LABEL_MODEL_NAME)) -> str:
     """``histogram_quantile(q, sum by (<by>, le) (increase(metric_bucket[w])))``, NaN (no
     requests) filtered out. The engine sums ``increase`` too; ``rate`` would give the same
     quantile, as every bucket differs by the same factor."""
-    inner = _sum_increase(metric + SUFFIX_BUCKET, pool_matchers(pool), prom_duration(window_s),
-                          (*by, LABEL_LE))
+    inner = _sum_increase(metric + SUFFIX_BUCKET, pool_series(pool), prom_duration(window_s),
+                          (*pool_by(pool, by), LABEL_LE))
     return f"histogram_quantile({number(q)}, {inner}) >= 0"
 
 
-def replica_kv_usage_expr(pool: str, by: Sequence[str] = _POOL_BY) -> str:
-    """Each replica's KV-cache usage (ratio 0-1): the mean of its data-parallel engines."""
-    labels = ", ".join((*by, LABEL_INSTANCE))
-    return f"avg by ({labels}) ({selector(VLLM_KV_CACHE_USAGE, pool_matchers(pool))})"
+def replica_kv_usage_expr(pool: PoolLike, by: Sequence[str] = _POOL_BY) -> str:
+    """Each replica's KV-cache usage (ratio 0-1): the mean of its data-parallel engines, one
+    series per replica (``replica_label``)."""
+    labels = ", ".join((*pool_by(pool, by), replica_label(pool)))
+    return f"avg by ({labels}) ({pool_series(pool).promql(VLLM_KV_CACHE_USAGE)})"
 
 
-def kv_usage_expr(pool: str, aggregation: str = "avg",
+def kv_usage_expr(pool: PoolLike, aggregation: str = "avg",
                   by: Sequence[str] = _POOL_BY) -> str:
     """Mean (``avg``) or ``max`` over the pool's replicas of each replica's KV-cache usage
     (``replica_kv_usage_expr``)."""
     if aggregation not in ("avg", "max"):
         raise ValueError(f"aggregation must be 'avg' or 'max', got {aggregation!r}")
-    return f"{_agg(aggregation, by)}({replica_kv_usage_expr(pool, by)})"
+    return f"{_agg(aggregation, pool_by(pool, by))}({replica_kv_usage_expr(pool, by)})"
 
 
-def queue_length_expr(pool: str, by: Sequence[str] = _POOL_BY) -> str:
+def queue_length_expr(pool: PoolLike, by: Sequence[str] = _POOL_BY) -> str:
     """Requests waiting, summed over the pool's replicas."""
-    return f"{_agg('sum', by)}({selector(VLLM_REQUESTS_WAITING, pool_matchers(pool))})"
+    return f"{_agg('sum', pool_by(pool, by))}({pool_series(pool).promql(VLLM_REQUESTS_WAITING)})"
 
 
-def gpu_cost_expr(pool: str, window_s: float, gpus_per_replica: int, usd_per_gpu_hour: float,
-                  by: Sequence[str] = _POOL_BY, *, default_interval_s: float,
-                  intervals: Mapping[str, float] | None = None,
+def gpu_cost_expr(pool: PoolLike, window_s: float, gpus_per_replica: int,
+                  usd_per_gpu_hour: float, by: Sequence[str] = _POOL_BY, *,
+                  default_interval_s: float, intervals: Mapping[str, float] | None = None,
                   bill_down_time: bool = False) -> str:
     """USD the pool's replicas cost over the window, billed for the time they ran
     (``slo.cost.up_seconds``): per target ``clamp_max(sum_over_time(up[w]) * interval, w)``,
     summed, ``/ 3600 × gpus × price``, in the engine's order of operations.
 
-    ``intervals``: instance -> seconds for the targets whose interval is not
-    ``default_interval_s`` (every other series, configured or not, takes the default: PromQL has
-    no median of sample spacings, so a series of no configured target equals the engine only
-    when scraped at the default). ``bill_down_time``: ``count_over_time``, down samples too.
+    ``intervals``: replica (its ``replica_label`` value: the target's name, ``instance``) ->
+    seconds for the targets whose interval is not ``default_interval_s`` (every other series,
+    configured or not, takes the default: PromQL has no median of sample spacings, so a series
+    of no configured target, such as every series of a selector, equals the engine only when
+    scraped at the default). ``bill_down_time``: ``count_over_time``, down samples too.
+
+    A pool with a selector bills each replica once, for the most of its ``up`` series (a pod
+    scraped by two jobs has two): ``max by (<replica_label>)``, as the engine reads a
+    Prometheus; a series without the replica label stays on its own.
     """
     window = prom_duration(window_s)
     over_time = "count_over_time" if bill_down_time else "sum_over_time"
-    terms = [
-        f"clamp_max({over_time}({selector(SERIES_UP, {**pool_matchers(pool), LABEL_INSTANCE: i})}"
-        f"[{window}]) * {number(s)}, {number(window_s)})"
-        for i, s in sorted((intervals or {}).items())
-    ]
+    up = pool_series(pool)
+    replica = replica_label(pool)
+    by = pool_by(pool, by)
+    per_replica = _has_selector(pool)
+    if per_replica:
+        lacking = Selector([*up, LabelMatcher(replica, "=", "")])
+        up = Selector([*up, LabelMatcher(replica, "!=", "")])
+
+    def term(matchers: Selector, seconds: float) -> str:
+        return (f"clamp_max({over_time}({matchers.promql(SERIES_UP)}[{window}])"
+                f" * {number(seconds)}, {number(window_s)})")
+
+    terms = [term(up.and_equal((replica, i)), s) for i, s in sorted((intervals or {}).items())]
     # Last: `or` keeps its series only where no per-target term has the same labels.
-    terms.append(f"clamp_max({over_time}({selector(SERIES_UP, pool_matchers(pool))}[{window}])"
-                 f" * {number(default_interval_s)}, {number(window_s)})")
+    terms.append(term(up, default_interval_s))
     inner = terms[0] if len(terms) == 1 else "\n  or\n  ".join(terms)
     head = _agg("sum", by)
-    body = f"({inner})" if len(terms) == 1 else f"(\n  {inner}\n)"
-    return f"{head}{body} / 3600 * {number(gpus_per_replica)} * {number(usd_per_gpu_hour)}"
+    tail = f" / 3600 * {number(gpus_per_replica)} * {number(usd_per_gpu_hour)}"
+    if not per_replica:
+        body = f"({inner})" if len(terms) == 1 else f"(\n  {inner}\n)"
+        return f"{head}{body}{tail}"
+    most = f"{_agg('max', (*by, replica))}({_indent(inner) if len(terms) > 1 else inner})"
+    return f"{head}(\n  {most}\n  or\n  {term(lacking, default_interval_s)}\n){tail}"
 
 
-def per_requests_expr(cost: str, pool: str, window_s: float, unit: float = 1000.0,
+def per_requests_expr(cost: str, pool: PoolLike, window_s: float, unit: float = 1000.0,
                       by: Sequence[str] = _POOL_BY) -> str:
     """``cost / requests × unit`` with requests = every finished request in the window;
     absent without requests. ``cost`` is an expression or a recorded series."""
-    requests = _sum_increase(VLLM_REQUEST_SUCCESS, pool_matchers(pool), prom_duration(window_s),
-                             by)
+    requests = _sum_increase(VLLM_REQUEST_SUCCESS, pool_series(pool), prom_duration(window_s),
+                             pool_by(pool, by))
     if " " in cost:
         cost = f"(\n{_indent(cost)}\n)"
-    return f"{cost}\n/\n({requests} > 0)\n* {number(unit)}"
+    # A recorded cost carries the rule's `pool`, a selector's requests do not.
+    div = f"/ ignoring({LABEL_POOL})" if _has_selector(pool) else "/"
+    return f"{cost}\n{div}\n({requests} > 0)\n* {number(unit)}"

@@ -19,11 +19,16 @@ period's error ratio computed straight from the raw counters over the whole peri
 every 5 minutes the same whatever their traffic and so differs from the ratio of the counts.
 The price is a month of raw samples read per evaluation, hence the period group's longer
 interval (``RulesOptions.period_interval_s``, 5 minutes by default).
+
+**A pool with a selector** (``[[pools]] selector``) is read through it
+(``alerts.rules_promql.pool_series``); its series carry no ``pool``, so each rule's ``labels:``
+are what give the recorded series their ``pool`` (and ``slo``, ``model_name``), as they
+already do for every SLO series.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from alerts.rules_model import Origin, Rule, RuleGroup, RulesOptions, prom_duration
@@ -70,6 +75,7 @@ __all__ = [
     "meta_recording_rules",
     "period_burn_standalone",
     "period_remaining_standalone",
+    "pool_of",
     "pool_recording_rules",
     "sli_record_name",
     "sli_recording_rules",
@@ -108,26 +114,37 @@ def _parenthesised(expr: str) -> str:
     return f"(\n{inner}\n)"
 
 
-def period_burn_standalone(spec: SloSpec) -> str:
-    """``slo:period_burn_rate:ratio`` of ``spec`` computed from raw series."""
-    return f"{_parenthesised(sli_error_expr(spec, spec.period_s))} / {budget_expr(spec)}"
+def period_burn_standalone(spec: SloSpec, pool: PoolConfig | None = None) -> str:
+    """``slo:period_burn_rate:ratio`` of ``spec`` computed from raw series (``pool``: the
+    SLO's pool, whose selector chooses them)."""
+    ratio = sli_error_expr(spec, spec.period_s, pool=pool)
+    return f"{_parenthesised(ratio)} / {budget_expr(spec)}"
 
 
-def period_remaining_standalone(spec: SloSpec) -> str:
+def period_remaining_standalone(spec: SloSpec, pool: PoolConfig | None = None) -> str:
     """``slo:period_error_budget_remaining:ratio`` of ``spec`` computed from raw series."""
-    return f"1 - {_parenthesised(period_burn_standalone(spec))}"
+    return f"1 - {_parenthesised(period_burn_standalone(spec, pool))}"
+
+
+def pool_of(spec: SloSpec, pools: Iterable[PoolConfig] | None) -> PoolConfig | None:
+    """The config of ``spec``'s pool among ``pools`` (``None`` without: Vigil's labels)."""
+    return next((p for p in pools or () if p.name == spec.pool), None)
 
 
 def sli_recording_rules(
-    specs: Sequence[SloSpec], windows_s: Sequence[float], options: RulesOptions
+    specs: Sequence[SloSpec], windows_s: Sequence[float], options: RulesOptions,
+    pools: Iterable[PoolConfig] | None = None,
 ) -> list[RuleGroup]:
-    """One group per SLO: its error ratio over every window (ascending)."""
+    """One group per SLO: its error ratio over every window (ascending). ``pools``: the
+    config's, so that an SLO of a pool with a selector reads the pool's series through it."""
     groups = []
+    pools = tuple(pools or ())
     for spec in specs:
+        pool = pool_of(spec, pools)
         rules = tuple(
             Rule(
                 record=sli_record_name(w),
-                expr=sli_error_expr(spec, w),
+                expr=sli_error_expr(spec, w, pool=pool),
                 labels=slo_labels(spec),
                 origin=Origin("sli_error", slo=spec.name, pool=spec.pool, window_s=w),
             )
@@ -142,11 +159,15 @@ def meta_recording_rules(
     windows_s: Sequence[float],
     current_window_s: float,
     options: RulesOptions,
+    pools: Iterable[PoolConfig] | None = None,
 ) -> list[RuleGroup]:
-    """Per SLO: the metadata group and the period group (see the module docs)."""
+    """Per SLO: the metadata group and the period group (see the module docs); ``pools`` as
+    for ``sli_recording_rules``."""
     groups = []
+    pools = tuple(pools or ())
     for spec in specs:
         labels = slo_labels(spec)
+        pool = pool_of(spec, pools)
 
         def origin(kind: str, window_s: float | None = None, s: SloSpec = spec) -> Origin:
             return Origin(kind, slo=s.name, pool=s.pool, window_s=window_s)
@@ -164,7 +185,7 @@ def meta_recording_rules(
             # slo.burn_rate.burn_rate: error ratio / (1 - objective), over [engine] window.
             Rule(record=RULE_CURRENT_BURN_RATE,
                  expr=f"{slo_selector(current, spec)} / {budget}",
-                 standalone=f"{_parenthesised(sli_error_expr(spec, current_window_s))}"
+                 standalone=f"{_parenthesised(sli_error_expr(spec, current_window_s, pool=pool))}"
                             f" / {budget}",
                  labels=labels, origin=origin("current_burn_rate", current_window_s)),
         )
@@ -173,16 +194,17 @@ def meta_recording_rules(
         period_name = sli_record_name(spec.period_s)
         period_rules: list[Rule] = []
         if spec.period_s not in windows_s:  # else the SLI group records it already
-            period_rules.append(Rule(record=period_name, expr=sli_error_expr(spec, spec.period_s),
+            period_rules.append(Rule(record=period_name,
+                                     expr=sli_error_expr(spec, spec.period_s, pool=pool),
                                      labels=labels, origin=origin("sli_error", spec.period_s)))
         period_rules += [
             Rule(record=RULE_PERIOD_BURN_RATE, expr=f"{slo_selector(period_name, spec)} / {budget}",
-                 standalone=period_burn_standalone(spec), labels=labels,
+                 standalone=period_burn_standalone(spec, pool), labels=labels,
                  origin=origin("period_burn_rate", spec.period_s)),
             # slo.burn_rate.budget_remaining: 1 - period error ratio / (1 - objective).
             Rule(record=RULE_PERIOD_BUDGET_REMAINING,
                  expr=f"1 - {slo_selector(RULE_PERIOD_BURN_RATE, spec)}",
-                 standalone=period_remaining_standalone(spec), labels=labels,
+                 standalone=period_remaining_standalone(spec, pool), labels=labels,
                  origin=origin("period_budget_remaining", spec.period_s)),
         ]
         groups.append(RuleGroup(f"{GROUP_SLO_PERIOD}-{spec.name}", options.period_interval_s,
@@ -192,8 +214,9 @@ def meta_recording_rules(
 
 def _pool_rules(config: Config, pool: PoolConfig) -> tuple[Rule, ...]:
     window = config.engine.window
-    # The expressions keep `pool` already; the static label makes each rule's (name, labels)
-    # unique across pools, which `promtool check rules` insists on.
+    # The expressions keep `pool` already (a selector's series have none: the static label is
+    # all they get); it makes each rule's (name, labels) unique across pools, which `promtool
+    # check rules` insists on.
     labels = {LABEL_POOL: pool.name}
     rules: list[Rule] = []
     for signal in QUANTILE_SIGNALS:
@@ -202,30 +225,30 @@ def _pool_rules(config: Config, pool: PoolConfig) -> tuple[Rule, ...]:
             rules.append(Rule(
                 record=RULE_QUANTILE.format(signal=signal, quantile=quantile_key(q),
                                             window=prom_duration(window)),
-                expr=quantile_expr(q, metric, pool.name, window),
+                expr=quantile_expr(q, metric, pool, window),
                 labels=labels,
                 origin=Origin("quantile", pool=pool.name, window_s=window, signal=signal,
                               quantile=q),
             ))
     rules += [
-        Rule(record=RULE_KV_USAGE_AVG, expr=kv_usage_expr(pool.name, "avg"), labels=labels,
+        Rule(record=RULE_KV_USAGE_AVG, expr=kv_usage_expr(pool, "avg"), labels=labels,
              origin=Origin("kv_avg", pool=pool.name)),
-        Rule(record=RULE_KV_USAGE_MAX, expr=kv_usage_expr(pool.name, "max"), labels=labels,
+        Rule(record=RULE_KV_USAGE_MAX, expr=kv_usage_expr(pool, "max"), labels=labels,
              origin=Origin("kv_max", pool=pool.name)),
-        Rule(record=RULE_QUEUE_LENGTH, expr=queue_length_expr(pool.name), labels=labels,
+        Rule(record=RULE_QUEUE_LENGTH, expr=queue_length_expr(pool), labels=labels,
              origin=Origin("queue", pool=pool.name)),
     ]
     cost_window = config.engine.cost_window
     cost_name = RULE_GPU_COST.format(window=prom_duration(cost_window))
-    cost = gpu_cost_expr(pool.name, cost_window, pool.gpus_per_replica, config.prices[pool.gpu],
+    cost = gpu_cost_expr(pool, cost_window, pool.gpus_per_replica, config.prices[pool.gpu],
                          **_cost_intervals(config, pool), bill_down_time=pool.bill_down_time)
     cost_selector = f"{cost_name}{{{LABEL_POOL}={promql_string(pool.name)}}}"
     rules += [
         Rule(record=cost_name, expr=cost, labels=labels,
              origin=Origin("gpu_cost", pool=pool.name, window_s=cost_window)),
         Rule(record=RULE_GPU_COST_PER_1000.format(window=prom_duration(cost_window)),
-             expr=per_requests_expr(cost_selector, pool.name, cost_window),
-             standalone=per_requests_expr(cost, pool.name, cost_window), labels=labels,
+             expr=per_requests_expr(cost_selector, pool, cost_window),
+             standalone=per_requests_expr(cost, pool, cost_window), labels=labels,
              origin=Origin("gpu_cost_per_1000", pool=pool.name, window_s=cost_window)),
     ]
     return tuple(rules)
@@ -233,11 +256,14 @@ def _pool_rules(config: Config, pool: PoolConfig) -> tuple[Rule, ...]:
 
 def _cost_intervals(config: Config, pool: PoolConfig) -> dict[str, Any]:
     """``gpu_cost_expr``'s intervals, from ``slo.cost.coverage_interval`` as the engine takes
-    them: the default for every series, and the pool's targets that differ from it."""
+    them: the default for every series, and the pool's targets that differ from it. A pool
+    chosen by a selector has no per-target intervals: its replicas are not Vigil's targets
+    (their ``replica_label`` values are not target names), so all take the default."""
     lookback = config.engine.lookback
     default = coverage_interval(None, (), config.collector.scrape_interval, lookback)
+    targets = () if pool.has_selector else config.targets
     own = {t.name: coverage_interval(config.scrape_interval(t), (), default, lookback)
-           for t in config.targets if t.pool == pool.name}
+           for t in targets if t.pool == pool.name}
     return {"default_interval_s": default,
             "intervals": {name: s for name, s in own.items() if s != default}}
 

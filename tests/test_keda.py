@@ -107,7 +107,7 @@ def test_every_scaled_object_validates_against_the_crd() -> None:
         "vigil-chat", "vigil-batch", "vigil-solo"]
     for obj in result.objects:
         _check(obj)
-    for case in ("defaults", "fleet"):  # the golden files, as kubectl would read them
+    for case in ("defaults", "fleet", "kubernetes"):  # the golden files, as kubectl reads them
         for obj in yaml.safe_load_all((GOLDEN / case / "vigil-keda.yml").read_text()):
             _check(obj)
 
@@ -204,6 +204,28 @@ def test_triggers_are_single_element_queries_with_the_scaling_thresholds() -> No
     assert kv_usage_expr("chat", by=()) in triggers["kv-cache-usage"]["metadata"]["query"]
     assert 'sum by (le) (increase(vllm:time_to_first_token_seconds_bucket{pool="chat", ' \
         'kind="vllm"}[5m]))' in triggers["ttft-p95"]["metadata"]["query"]
+
+
+def test_a_selector_pool_is_queried_by_its_selector_and_replica_label() -> None:
+    config = parse_config({"pools": [{
+        "name": "chat", "model": MODEL, "selector": 'namespace="llm", service=~"chat-.*"',
+        "replica_label": "pod"}]})
+    obj, _ = scaled_object(config, config.pools[0])
+    triggers = {t["name"]: t["metadata"]["query"] for t in obj["spec"]["triggers"]}
+    chosen = '{namespace="llm", service=~"chat-.*"}'
+    assert triggers["queue-length"] == \
+        f"(sum(vllm:num_requests_waiting{chosen})) or vector(0)"
+    assert triggers["kv-cache-usage"] == \
+        f"(avg(avg by (pod) (vllm:kv_cache_usage_perc{chosen}))) or vector(0)"
+    assert f"sum by (le) (increase(vllm:time_to_first_token_seconds_bucket{chosen}[5m]))" \
+        in triggers["ttft-p95"]
+    for query in triggers.values():
+        assert "pool=" not in query and "kind=" not in query
+    _check(obj)
+    # Vigil's own series keep their pool label: the "vigil" signal is unchanged.
+    vigil, _ = scaled_object(config, config.pools[0], KedaOptions(signal="vigil"))
+    assert vigil["spec"]["triggers"][0]["metadata"]["query"] == \
+        'max(vigil_scaling_desired_replicas{pool="chat"})'
 
 
 def test_a_zero_threshold_drops_its_trigger_with_a_warning() -> None:

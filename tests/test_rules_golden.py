@@ -37,7 +37,7 @@ def generated(case: str) -> dict[str, str]:
 
 
 def test_there_are_golden_cases() -> None:
-    assert CASES == ["defaults", "fleet"]
+    assert CASES == ["defaults", "fleet", "kubernetes"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -1,9 +1,9 @@
 """promtool (Debian's 2.42) accepts every generated rule file and passes the generated tests.
 
 * ``promtool check rules`` on the recording and the alerting rules of several configs: the
-  golden cases, the default SLOs with custom intervals, a config with nothing in it. 2.42 rejects
-  3.x-only syntax and duplicate rules (same name and labels), so this also proves the files
-  load into the Prometheus CI runs;
+  golden cases (pools chosen by selectors among them), the default SLOs with custom intervals,
+  a config with nothing in it. 2.42 rejects 3.x-only syntax and duplicate rules (same name
+  and labels), so this also proves the files load into the Prometheus CI runs;
 * ``promtool test rules`` on the generated tests: Prometheus, evaluating the rules over the
   synthetic fleet, records exactly (promtool compares floats exactly) the engine's numbers and
   fires exactly the alerts the engine would;
@@ -34,6 +34,9 @@ DEFAULTS = {
 FLEET = load_config(GOLDEN / "fleet" / "vigil.toml")
 CONFIGS: dict[str, tuple[Config, RulesOptions]] = {
     "golden-defaults": (load_config(GOLDEN / "defaults" / "vigil.toml"), RulesOptions()),
+    # Pools chosen by selectors (namespace/service, a regex, replica_label "pod"): the test's
+    # series carry only those labels.
+    "golden-kubernetes": (load_config(GOLDEN / "kubernetes" / "vigil.toml"), RulesOptions()),
     # The golden files: the fleet's own [rules] intervals (45s, 10m).
     "golden-fleet": (FLEET, rules_options(FLEET)),
     "fleet-30s": (FLEET, RulesOptions()),
