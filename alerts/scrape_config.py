@@ -1,14 +1,19 @@
 """Pipeline step 6 of ``alerts.rules``: Prometheus scrape jobs for the configured targets.
 
 The rules select a pool's series by the labels Vigil's collector stores (``instance`` = the
-target's name, ``pool``, ``kind``), so Prometheus must store the same label sets; generating the
-scrape configuration from the same ``[[targets]]`` keeps the two from drifting. One job per
-target, because each target has its own interval, timeout and URL:
+target's name, ``pool``, ``kind``), so Prometheus must store them too; generating the scrape
+configuration from the same ``[[targets]]`` keeps the two from drifting. One job per target,
+because each target has its own interval, timeout and URL (none for the targets of a pool
+whose ``selector`` / ``dcgm_selector`` chooses series Prometheus already scrapes):
 
-* ``static_configs``: the target's ``host:port`` with its ``pool`` and ``kind`` labels;
-  ``scheme``, ``metrics_path`` and ``params`` come from its URL;
+* ``static_configs``: the target's ``host:port`` with its ``pool`` and ``kind`` labels and its
+  own ``labels``; ``scheme``, ``metrics_path`` and ``params`` come from its URL;
 * ``relabel_configs``: ``instance`` set to the target's name (Prometheus would use
-  ``host:port``) and the ``job`` label dropped, which Vigil's collector does not add;
+  ``host:port``). ``job`` stays what Prometheus makes it, the job's name ``vigil-<target>``,
+  so ``up{job="vigil-chat-0"}`` and the dashboards keyed on ``job`` work. Vigil's collector
+  stores no ``job``, but nothing Vigil computes tells series apart by it: every rule and
+  every engine query aggregates over ``pool`` / ``instance`` or sums a pool's series, so the
+  extra label changes no number;
 * ``metric_relabel_configs``: ``vllm_x`` renamed ``vllm:x``. Prometheus asks for OpenMetrics,
   and prometheus_client >= 0.22 (vLLM's) then escapes the ``:`` of sample names to ``_``
   (client_python#1177); Vigil's collector stores both spellings as ``vllm:`` (it asks for the
@@ -28,8 +33,8 @@ from urllib.parse import parse_qs, urlsplit
 from alerts.rules_model import prom_duration
 from vigil.config import Config, TargetConfig
 from vigil.conventions import (
+    KIND_VLLM,
     LABEL_INSTANCE,
-    LABEL_JOB,
     LABEL_KIND,
     LABEL_POOL,
     SCRAPE_JOB_PREFIX,
@@ -38,7 +43,7 @@ from vigil.conventions import (
 )
 from vigil.errors import ConfigError
 
-__all__ = ["scrape_configs", "scrape_job", "split_url"]
+__all__ = ["relabel_replacement", "scrape_configs", "scrape_job", "split_url"]
 
 
 def split_url(target: TargetConfig, key: str = "",
@@ -54,6 +59,12 @@ def split_url(target: TargetConfig, key: str = "",
                           "basic_auth in Prometheus instead", file=file or None, key=key or None)
     params = parse_qs(parts.query, keep_blank_values=True)
     return parts.scheme, parts.netloc, parts.path or "/", params
+
+
+def relabel_replacement(value: str) -> str:
+    """``value`` as a relabeling ``replacement`` that yields it verbatim (``$`` would start a
+    reference to a regex group: ``$$`` is a literal one)."""
+    return value.replace("$", "$$")
 
 
 def scrape_job(config: Config, target: TargetConfig, key: str = "") -> dict[str, Any]:
@@ -73,11 +84,11 @@ def scrape_job(config: Config, target: TargetConfig, key: str = "") -> dict[str,
         "honor_timestamps": True,
         "static_configs": [{
             "targets": [address],
-            "labels": {LABEL_POOL: target.pool, LABEL_KIND: target.kind},
+            "labels": {LABEL_POOL: target.pool, LABEL_KIND: target.kind,
+                       **{k: target.labels[k] for k in sorted(target.labels)}},
         }],
         "relabel_configs": [
-            {"target_label": LABEL_INSTANCE, "replacement": target.name},
-            {"action": "labeldrop", "regex": LABEL_JOB},
+            {"target_label": LABEL_INSTANCE, "replacement": relabel_replacement(target.name)},
         ],
         "metric_relabel_configs": [{
             "source_labels": ["__name__"],
@@ -89,7 +100,20 @@ def scrape_job(config: Config, target: TargetConfig, key: str = "") -> dict[str,
     return job
 
 
+def _selected(config: Config, target: TargetConfig) -> bool:
+    """Whether the rules read ``target``'s kind of series of its pool by a ``selector`` (or
+    ``dcgm_selector``): then Prometheus scrapes them already, with the team's labels."""
+    pool = next((p for p in config.pools if p.name == target.pool), None)
+    if pool is None:
+        return False
+    return bool(pool.selector if target.kind == KIND_VLLM else pool.dcgm_selector)
+
+
 def scrape_configs(config: Config) -> dict[str, Any]:
-    """``{"scrape_configs": [...]}``: one job per ``[[targets]]`` entry, in config order."""
+    """``{"scrape_configs": [...]}``: one job per ``[[targets]]`` entry, in config order,
+    except the targets whose pool selects that kind of series by a selector: a second scrape
+    would store the same samples twice, under Vigil's labels, where a selector on the team's
+    own labels (``model_name``, say) could count them twice."""
     return {"scrape_configs": [scrape_job(config, t, f"targets[{i}].url")
-                               for i, t in enumerate(config.targets)]}
+                               for i, t in enumerate(config.targets)
+                               if not _selected(config, t)]}

@@ -29,6 +29,7 @@ from vigil.config import Config
 from vigil.conventions import (
     KIND_VLLM,
     LABEL_INSTANCE,
+    LABEL_JOB,
     LABEL_KIND,
     LABEL_LE,
     LABEL_MODEL_NAME,
@@ -49,7 +50,7 @@ from vigil.conventions import (
     VLLM_REQUESTS_WAITING,
     VLLM_TTFT,
 )
-from vigil.model import Labels
+from vigil.model import Labels, labels_of
 
 __all__ = [
     "COUNTERS",
@@ -85,14 +86,17 @@ Samples = dict[SeriesId, tuple[np.ndarray, np.ndarray]]
 
 def read_samples(source: Source, pool: str, at_s: float, span_s: float) -> Samples:
     """Every sample of the pool's vLLM series the status reads, through ``source`` (the same
-    ``Source.samples`` the engine uses), over ``span_s`` seconds before ``at_s``."""
+    ``Source.samples`` the engine uses), over ``span_s`` seconds before ``at_s``. Without
+    ``job``: Prometheus adds it (the scrape job's name), the store has none, and nothing the
+    status computes tells series apart by it."""
     out: Samples = {}
     for metric in (*COUNTERS, *GAUGES):
         found = source.samples(metric, {LABEL_POOL: pool, LABEL_KIND: KIND_VLLM}, at_s, span_s)
         for labels, points in found.items():
             ts = [p.ts_ms for p in points if p.value is not None]
             values = [float(p.value) for p in points if p.value is not None]
-            out[(metric, labels)] = (np.array(ts, dtype=np.int64), np.array(values))
+            key = labels_of({k: v for k, v in labels if k != LABEL_JOB})
+            out[(metric, key)] = (np.array(ts, dtype=np.int64), np.array(values))
     return out
 
 

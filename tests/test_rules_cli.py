@@ -88,6 +88,17 @@ def test_out_writes_the_four_files(config_file: Path, tmp_path: Path) -> None:
     assert [j["job_name"] for j in scrape["scrape_configs"]] == ["vigil-chat-0"]
 
 
+def test_format_operator_writes_one_file_of_kubernetes_objects(config_file: Path,
+                                                              tmp_path: Path) -> None:
+    out_dir = tmp_path / "k8s"
+    code, out, _ = _run("prometheus", "-c", str(config_file), "--format", "operator",
+                        "--out", str(out_dir))
+    assert code == 0 and out == f"wrote {out_dir / 'vigil-operator.yml'}\n"
+    docs = list(yaml.safe_load_all((out_dir / "vigil-operator.yml").read_text()))
+    assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
+        ("PodMonitor", "vigil-chat"), ("PrometheusRule", "vigil-chat")]
+
+
 def test_a_bad_config_is_a_config_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('[[pools]]\nname = "chat"\nmodel = "m"\ncolour = "red"\n')
@@ -103,6 +114,7 @@ def test_a_bad_config_is_a_config_error(tmp_path: Path) -> None:
     ["prometheus"],
     ["prometheus", "--config", "x", "--interval", "0s"],
     ["prometheus", "--config", "x", "--period-interval", "soon"],
+    ["prometheus", "--config", "x", "--format", "helm"],
     ["grafana", "--config", "x"],
 ])
 def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:

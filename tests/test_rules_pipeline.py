@@ -367,9 +367,8 @@ def test_one_scrape_job_per_target_labelled_like_the_collector() -> None:
     assert (first["scrape_interval"], first["scrape_timeout"]) == ("30s", "20s")
     assert first["static_configs"] == [{"targets": ["h.svc:8443"],
                                         "labels": {"pool": "chat", "kind": "vllm"}}]
-    assert first["relabel_configs"] == [
-        {"target_label": "instance", "replacement": "chat-0"},
-        {"action": "labeldrop", "regex": "job"}]
+    # `job` stays Prometheus's own: the job's name.
+    assert first["relabel_configs"] == [{"target_label": "instance", "replacement": "chat-0"}]
     assert first["metric_relabel_configs"][0]["replacement"] == "vllm:${1}"
     assert (second["metrics_path"], second["scrape_interval"]) == ("/", "15s")
     assert "params" not in second

@@ -6,8 +6,9 @@ target refuses connections. Prometheus runs with ``prometheus-scrape.yml`` as it
 the two generated rule files. Checked:
 
 * Prometheus stores every series the rules read with exactly the label sets Vigil's collector
-  stores for the same bodies (``instance`` = target name, ``pool``, ``kind``, no ``job``,
-  ``vllm:`` names), so the rules' selectors mean the same thing on both;
+  stores for the same bodies (``instance`` = target name, ``pool``, ``kind``, ``vllm:`` names),
+  plus the ``job`` Prometheus adds (the job's name, ``vigil-<target>``), which no rule tells
+  series apart by; so the rules' selectors mean the same thing on both;
 * every generated rule evaluates without error, the per-pool recordings have values, and
   ``TargetDown`` fires for the dead target.
 """
@@ -24,6 +25,7 @@ from helpers import FIXTURES, exposition_server, free_port, text
 from prometheus_server import PrometheusServer, require_prometheus
 
 from alerts.rules import RulesOptions, generate, write_files
+from alerts.scrape_config import scrape_configs
 from collector.exposition import parse
 from collector.scrape import points_from_families
 from collector.service import target_info
@@ -110,11 +112,15 @@ def _wait(what: str, server: PrometheusServer, check: object) -> None:
 
 
 def _stored(server: PrometheusServer) -> set[tuple[str, Labels]]:
+    """Every stored series without its ``job`` label, which is checked to be the job's name
+    ``vigil-<instance>`` (the label the collector does not store)."""
     data = server._get("/api/v1/series", {"match[]": '{__name__=~".+"}'})["data"]
     out = set()
     for item in data:
         labels = dict(item)
         name = labels.pop("__name__")
+        if not name.startswith(("slo:", "vigil:", "ALERTS")):
+            assert labels.pop("job") == f"vigil-{labels['instance']}", (name, labels)
         out.add((name, labels_of(labels)))
     return out
 
@@ -160,7 +166,6 @@ def test_prometheus_stores_the_collectors_label_sets(
     assert {s for s in everything if s[0] in names} <= ours
     for name, labels in everything:
         assert not name.startswith("vllm_"), name  # all renamed to vllm:
-        assert "job" not in dict(labels), name
         assert {"instance", "pool", "kind"} <= set(dict(labels)), name
 
 
@@ -199,3 +204,34 @@ def test_scrape_config_passes_promtool_check_config(tmp_path: Path) -> None:
     done = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_job_keeps_job_and_carries_the_targets_own_labels() -> None:
+    config = parse_config({
+        "pools": [{"name": "chat", "model": "m"}],
+        "targets": [{"name": "chat-$1", "url": "http://127.0.0.1:9/metrics", "pool": "chat",
+                     "labels": {"zone": "eu-1", "team": "ml"}}],
+    })
+    (job,) = scrape_configs(config)["scrape_configs"]
+    assert job["job_name"] == "vigil-chat-$1"
+    assert job["static_configs"][0]["labels"] == {"pool": "chat", "kind": "vllm",
+                                                  "team": "ml", "zone": "eu-1"}
+    # `$` would refer to a regex group; `$$` is a literal one. Nothing touches `job`.
+    assert job["relabel_configs"] == [{"target_label": "instance", "replacement": "chat-$$1"}]
+
+
+def test_no_job_for_the_targets_a_selector_already_covers() -> None:
+    config = parse_config({
+        "pools": [{"name": "chat", "model": "m", "selector": 'namespace="llm"'},
+                  {"name": "batch", "model": "m", "dcgm_selector": 'exported_namespace="b"'}],
+        "targets": [
+            {"name": "chat-0", "url": "http://127.0.0.1:9/metrics", "pool": "chat"},
+            {"name": "chat-gpu", "url": "http://127.0.0.1:9/dcgm", "pool": "chat",
+             "kind": "dcgm"},
+            {"name": "batch-0", "url": "http://127.0.0.1:9/metrics", "pool": "batch"},
+            {"name": "batch-gpu", "url": "http://127.0.0.1:9/dcgm", "pool": "batch",
+             "kind": "dcgm"},
+        ],
+    })
+    jobs = [j["job_name"] for j in scrape_configs(config)["scrape_configs"]]
+    assert jobs == ["vigil-chat-gpu", "vigil-batch-0"]

@@ -177,6 +177,13 @@ FILE_ALERT_RULES = "vigil-alert-rules.yml"
 FILE_RULES_TEST = "vigil-rules-test.yml"
 FILE_SCRAPE_CONFIG = "prometheus-scrape.yml"
 FILE_KEDA = "vigil-keda.yml"
+#: `vigil rules prometheus --format operator --out DIR`: the Prometheus Operator objects.
+FILE_OPERATOR = "vigil-operator.yml"
+#: Its PodMonitors' defaults: vLLM production-stack's engine pods (label ``model``, port
+#: ``container-port``) and dcgm-exporter's port name (GPU Operator, the exporter's chart).
+OPERATOR_POD_SELECTOR = "model={pool}"
+OPERATOR_PORT = "container-port"
+OPERATOR_DCGM_PORT = "metrics"
 #: Scrape jobs are ``<prefix>-<target name>``; ScaledObjects ``<prefix>-<pool name>``.
 SCRAPE_JOB_PREFIX = "vigil"
 SCALED_OBJECT_PREFIX = "vigil"
