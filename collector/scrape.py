@@ -40,23 +40,36 @@ __all__ = [
     "scrape",
     "scrape_points",
     "scrape_series_points",
+    "stale_points",
+    "target_end_points",
     "timestamp_ms",
 ]
+
+#: The series every scrape writes besides the exposition's.
+SCRAPE_SERIES = (SERIES_UP, SERIES_SCRAPE_DURATION, SERIES_SCRAPE_SAMPLES)
 
 #: One row for ``Store.write``: series, family type, Unix ms, value (None = stale marker).
 StorePoint = tuple[SeriesKey, str, int, float | None]
 
 
 class TargetInfo(NamedTuple):
-    """What the collector needs to know of a target (taken from ``TargetConfig``)."""
+    """What the collector needs to know of a target (taken from ``TargetConfig``).
+
+    ``extra_labels`` are the target's own labels (``[[targets]] labels``, a discovered
+    group's labels), sorted name/value pairs; ``labels()`` adds instance, pool and kind,
+    which always win.
+    """
 
     name: str
     url: str
     pool: str
     kind: str
+    extra_labels: Labels = ()
 
     def labels(self) -> dict[str, str]:
-        return {LABEL_INSTANCE: self.name, LABEL_POOL: self.pool, LABEL_KIND: self.kind}
+        """Every target label of the target's series: its own plus instance, pool, kind."""
+        own = {LABEL_INSTANCE: self.name, LABEL_POOL: self.pool, LABEL_KIND: self.kind}
+        return {**dict(self.extra_labels), **own} if self.extra_labels else own
 
 
 class ScrapeResult(NamedTuple):
@@ -307,3 +320,18 @@ def stale_points(
     than 5 minutes later; a failed scrape marks every series of the previous scrape stale.
     """
     return [(key, ftype, ts_ms, None) for key, ftype in previous if key not in current]
+
+
+def target_end_points(
+    previous: Sequence[tuple[SeriesKey, str]], target: TargetInfo, ts_ms: int
+) -> list[StorePoint]:
+    """Staleness markers for every series of a target that is no longer scraped: those of its
+    last scrape ``previous`` and its ``up`` and ``scrape_*`` series.
+
+    Prometheus ends a vanished target's series this way, so that queries stop returning them
+    at once, and ``up`` stops counting as time the replica ran.
+    """
+    labels = tuple(sorted(target.labels().items()))
+    return stale_points(previous, set(), ts_ms) + [
+        (SeriesKey(name, labels), "gauge", ts_ms, None) for name in SCRAPE_SERIES
+    ]

@@ -3,6 +3,13 @@
 Network I/O runs on one asyncio loop (httpx), so a dead or slow target only costs its own
 timeout. Parsing and SQLite writes run on one dedicated writer thread: SQLite wants a single
 writer, and the loop stays free to start the next scrapes on time.
+
+The targets come from a ``TargetSet`` (``collector.discovery``): the static ``[[targets]]``
+and what ``[[discovery]]`` finds. A target that appears is scraped at once and then every
+interval; one that disappears stops being scraped, and once its scrape under way (if any) has
+been stored, every series of its last scrape gets a staleness marker, ``up`` included, as
+Prometheus ends a vanished target's series: queries stop returning it and cost stops billing
+it. No restart is needed.
 """
 
 from __future__ import annotations
@@ -15,13 +22,16 @@ import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
 import httpx
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from collector.discovery import TargetChanges, TargetSet
 from collector.layout import Layout
 from collector.scrape import (
     Fetched,
@@ -32,6 +42,7 @@ from collector.scrape import (
     points_from_families,
     scrape_series_points,
     stale_points,
+    target_end_points,
 )
 from collector.store import Store
 from vigil.clock import Clock, system_clock
@@ -45,7 +56,8 @@ log = logging.getLogger("vigil.collector")
 
 
 def target_info(t: TargetConfig) -> TargetInfo:
-    return TargetInfo(t.name, t.url, t.pool, t.kind)
+    """The scrape's view of a configured or discovered target (its labels included)."""
+    return TargetInfo(t.name, t.url, t.pool, t.kind, tuple(sorted(t.labels.items())))
 
 
 def _text_format_body(fetched: Fetched) -> str | None:
@@ -72,6 +84,8 @@ class ScrapeWriter:
         self._last_series: dict[str, list[tuple[SeriesKey, str]]] = {}
         #: The last fully parsed exposition's shape per target, for the repeat-scrape fast path.
         self._layouts: dict[str, Layout] = {}
+        #: The timestamp (Unix ms) of each target's last stored scrape.
+        self._last_ts: dict[str, int] = {}
 
     def process(self, target: TargetInfo, fetched: Fetched, now: float) -> TargetHealth:
         """Parse (the fast path when the shape is unchanged) and store one fetch."""
@@ -122,12 +136,32 @@ class ScrapeWriter:
             self.store.write(rows)
             self.store.set_target_health(health)
         self._last_series[name] = current
+        self._last_ts[name] = ts_ms
         return health
+
+    def end_target(self, target: TargetInfo, now: float) -> int:
+        """Staleness markers for every series of ``target``'s last scrape (``up`` and
+        ``scrape_*`` too), then forget it; the number of markers written (0 when it was never
+        scraped here: there is nothing to end, as in Prometheus).
+
+        The markers are stamped ``now`` (Unix seconds), but always after the last sample: a
+        marker at the last scrape's own timestamp would replace that sample.
+        """
+        name = target.name
+        previous = self._last_series.pop(name, [])
+        self._layouts.pop(name, None)
+        last_ms = self._last_ts.pop(name, None)
+        if last_ms is None:
+            return 0
+        rows = target_end_points(previous, target, max(round(now * 1000), last_ms + 1))
+        with self.store.transaction():
+            self.store.write(rows)
+        return len(rows)
 
 
 
 class Collector:
-    """Scrapes the configured targets into the store.
+    """Scrapes the targets of ``target_set`` (default: one built from ``config``) into the store.
 
     Use ``await collector.scrape_all()`` for one round (``vigil collect --once``) or
     ``await collector.run(stop)`` to scrape on the schedule until ``stop`` is set.
@@ -142,9 +176,20 @@ class Collector:
         clock: Clock = system_clock,
         transport: httpx.AsyncBaseTransport | None = None,
         store_factory: Callable[[], Store] | None = None,
+        target_set: TargetSet | None = None,
     ):
         self.config = config
         self.clock = clock
+        self.target_set = target_set if target_set is not None else TargetSet(
+            config, clock=clock)
+        #: The targets being scraped, by name (the target set's, as of its last change).
+        self._targets: dict[str, TargetConfig] = {
+            n: dt.target for n, dt in self.target_set.current().items()
+        }
+        self.target_set.subscribe(self._on_changes)
+        self._scheduler: AsyncIOScheduler | None = None
+        self._discovery_stop: asyncio.Event | None = None
+        self._discovery_task: asyncio.Task[None] | None = None
         self._transport = transport
         self._store_factory = store_factory or self._default_store
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vigil-store")
@@ -192,6 +237,16 @@ class Collector:
             self._scrape_writer = ScrapeWriter(self._store)
             for h in await self._in_writer(self._store.target_health):
                 self._last_up[h.target] = h.up
+            self._targets = {n: dt.target for n, dt in self.target_set.current().items()}
+            if not self.target_set.refreshed:
+                # Read the sources before the first round, so that `collect --once` and the
+                # first schedule see the discovered targets too.
+                await self.target_set.refresh(force=True)
+
+    @property
+    def targets(self) -> list[TargetConfig]:
+        """The targets being scraped now: static first, then discovered."""
+        return list(self._targets.values())
 
     def _client(self, target: str) -> httpx.AsyncClient:
         client = self._clients.get(target)
@@ -252,8 +307,10 @@ class Collector:
         return health
 
     async def scrape_all(self) -> list[TargetHealth]:
-        """Scrape every target once, concurrently; results in config order."""
-        return list(await asyncio.gather(*(self.scrape_target(t) for t in self.config.targets)))
+        """Scrape every target once, concurrently; results in config order (static targets,
+        then discovered ones)."""
+        await self.open()
+        return list(await asyncio.gather(*(self.scrape_target(t) for t in self.targets)))
 
     async def compact(self) -> Any:
         """Downsample and expire old samples, on the compaction thread's own connection."""
@@ -293,18 +350,9 @@ class Collector:
         ``await open()`` first and ``await finish()`` after shutting the scheduler down.
         """
         now = datetime.now(UTC) if now is None else now
-        for t in self.config.targets:
-            interval = self.config.scrape_interval(t)
-            scheduler.add_job(
-                self._start_scrape,
-                "interval",
-                args=[t],
-                seconds=interval,
-                next_run_time=now + timedelta(seconds=self._offset(t)),
-                id=f"scrape:{t.name}",
-                coalesce=True,
-                misfire_grace_time=max(1, int(interval)),
-            )
+        self._scheduler = scheduler
+        for t in self._targets.values():
+            self._add_job(t, now + timedelta(seconds=self._offset(t)))
         # First compaction soon after start: a collector restarted more often than the
         # compaction interval would otherwise never compact.
         scheduler.add_job(
@@ -316,9 +364,83 @@ class Collector:
             max_instances=1,
             coalesce=True,
         )
+        if self.target_set.has_discovery:
+            self._discovery_stop = asyncio.Event()
+            self._discovery_task = asyncio.get_running_loop().create_task(
+                self.target_set.run(self._discovery_stop))
+
+    def _add_job(self, t: TargetConfig, first: datetime) -> None:
+        assert self._scheduler is not None  # schedule() set it
+        interval = self.config.scrape_interval(t)
+        self._scheduler.add_job(
+            self._start_scrape,
+            "interval",
+            args=[t],
+            seconds=interval,
+            next_run_time=first,
+            id=f"scrape:{t.name}",
+            coalesce=True,
+            misfire_grace_time=max(1, int(interval)),
+        )
+
+    # --- targets that come and go ----------------------------------------------------------
+    async def _on_changes(self, changes: TargetChanges) -> None:
+        """Apply a change of the target set: end the vanished, start the new at once."""
+        for dt in changes.removed:
+            await self._stop_target(dt.name, end_series=True)
+        for dt in changes.changed:
+            old = self._targets.get(dt.name)
+            same = old is not None and target_info(old).labels() == target_info(
+                dt.target).labels()
+            first = self._next_run(dt.name) if same else None
+            # New labels are new series: the old ones end now, as for a vanished target.
+            await self._stop_target(dt.name, end_series=not same)
+            self._start_target(dt.target, first)
+        for dt in changes.added:
+            self._start_target(dt.target)
+
+    def _next_run(self, name: str) -> datetime | None:
+        job = self._scheduler.get_job(f"scrape:{name}") if self._scheduler else None
+        return None if job is None else job.next_run_time
+
+    def _start_target(self, t: TargetConfig, first: datetime | None = None) -> None:
+        self._targets[t.name] = t
+        if self._scheduler is not None:
+            # At once rather than at its offset: a new replica is billed and watched from
+            # its first scrape; later scrapes follow every interval from this one.
+            self._add_job(t, first or datetime.now(UTC))
+            log.info("target %s (%s, pool %s) added", t.name, t.url, t.pool)
+
+    async def _stop_target(self, name: str, *, end_series: bool) -> None:
+        """Stop scraping ``name``; after its scrape under way is stored, end its series."""
+        old = self._targets.pop(name, None)
+        if self._scheduler is not None:
+            with suppress(JobLookupError):
+                self._scheduler.remove_job(f"scrape:{name}")
+        task = self._inflight.pop(name, None)
+        if task is not None and not task.done():
+            await asyncio.wait([task], timeout=self.config.collector.scrape_timeout + 5)
+        markers = 0
+        if end_series and old is not None and self._scrape_writer is not None:
+            markers = await self._in_writer(self._scrape_writer.end_target, target_info(old),
+                                            self.clock())
+        client = self._clients.pop(name, None)
+        if client is not None:
+            await client.aclose()
+        self._last_up.pop(name, None)
+        if end_series and old is not None:
+            log.info("target %s (%s) removed: %d series ended", name, old.url, markers)
 
     async def finish(self) -> None:
-        """Wait for the scrapes under way to finish writing (after the scheduler stopped)."""
+        """Stop following the target set, then wait for the scrapes under way to finish
+        writing (after the scheduler stopped)."""
+        if self._discovery_task is not None:
+            assert self._discovery_stop is not None
+            self._discovery_stop.set()
+            await asyncio.wait([self._discovery_task],
+                               timeout=self.config.collector.scrape_timeout + 10)
+            self._discovery_task = None
+        self._scheduler = None
         pending = [t for t in self._inflight.values() if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=self.config.collector.scrape_timeout + 5)

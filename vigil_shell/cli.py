@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import json
 import logging
 import os
 import signal
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from vigil import __version__
@@ -43,8 +41,9 @@ def _cmd_collect(args: argparse.Namespace) -> int:
     from vigil.config import load_config
 
     cfg = load_config(args.config)
-    if not cfg.targets:
-        raise ConfigError("no [[targets]] to scrape", file=args.config, key="targets")
+    if not cfg.targets and not cfg.discovery:
+        raise ConfigError("no [[targets]] to scrape and no [[discovery]] to find them",
+                          file=args.config, key="targets")
 
     async def once() -> int:
         async with Collector(cfg) as c:
@@ -60,8 +59,9 @@ def _cmd_collect(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         async with Collector(cfg) as c:
+            found = f" ({len(cfg.discovery)} discovery sources)" if cfg.discovery else ""
             print(
-                f"vigil collect: {len(cfg.targets)} targets every "
+                f"vigil collect: {len(c.targets)} targets{found} every "
                 f"{cfg.collector.scrape_interval:g}s into {cfg.store_path()} (Ctrl-C stops)",
                 flush=True,
             )
@@ -106,116 +106,10 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
 
 # --- targets ------------------------------------------------------------------------------
-def _age(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f}s ago"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m ago"
-    return f"{seconds / 3600:.1f}h ago"
-
-
-def _history(store: object, target: str, now: float, span_s: float = 3600.0) -> dict:
-    """From the stored series: since when the current state holds, the up ratio over the last
-    hour and the process start time (a restart shows as a newer start and a counter reset)."""
-    start_ms = int((now - span_s) * 1000)
-    ups = store.points("up", {"instance": target}, start_ms=start_ms)  # type: ignore[attr-defined]
-    values = [p for pts in ups.values() for p in pts if p.value is not None]
-    values.sort()
-    out: dict = {"state_since": None, "up_ratio_1h": None, "down_scrapes_1h": None,
-                 "process_start_time": None}
-    if values:
-        out["up_ratio_1h"] = round(sum(p.value for p in values) / len(values), 4)
-        out["down_scrapes_1h"] = sum(1 for p in values if p.value == 0.0)
-        since = values[-1].ts_ms
-        for p in reversed(values):
-            if p.value != values[-1].value:
-                break
-            since = p.ts_ms
-        # The state held through the whole span: say so rather than invent a start.
-        out["state_since"] = since / 1000 if since != values[0].ts_ms or len(values) < 2 else None
-    starts = store.last_points(  # type: ignore[attr-defined]
-        "process_start_time_seconds", {"instance": target}, at_ms=int(now * 1000)
-    )
-    for p in starts.values():
-        if p.value is not None:
-            out["process_start_time"] = p.value
-    return out
-
-
-def _open_if_ready(path: Path) -> Any:
-    """The store read-only, or None when it does not exist yet or is still being created."""
-    from collector.store import Store
-    from vigil.errors import StoreError
-
-    if not path.exists():
-        return None
-    try:
-        return Store(path, readonly=True)
-    except StoreError:
-        # The collector creates the file a moment before its schema; say "no data yet"
-        # rather than fail. A file that is really not a store fails the same way but
-        # has a size, and then the error is the right answer.
-        if path.stat().st_size == 0:
-            return None
-        raise
-
-
 def _cmd_targets(args: argparse.Namespace) -> int:
-    from vigil.config import load_config
+    from vigil_shell import targets_cli
 
-    cfg = load_config(args.config)
-    path = cfg.store_path()
-    now = time.time()
-    rows = []
-    store = _open_if_ready(path)
-    try:
-        health = {h.target: h for h in store.target_health()} if store else {}
-        for t in cfg.targets:
-            h = health.get(t.name)
-            row = {
-                "target": t.name,
-                "pool": t.pool,
-                "kind": t.kind,
-                "url": t.url,
-                "up": None if h is None else h.up,
-                "last_scrape": None if h is None else h.last_scrape,
-                "last_duration_seconds": None if h is None else round(h.duration, 6),
-                "samples": None if h is None else h.samples,
-                "last_error": None if h is None else h.error,
-            }
-            row.update(_history(store, t.name, now) if store and h else {
-                "state_since": None, "up_ratio_1h": None, "down_scrapes_1h": None,
-                "process_start_time": None})
-            rows.append(row)
-    finally:
-        if store is not None:
-            store.close()
-    if args.json:
-        json.dump({"store": str(path), "targets": rows}, sys.stdout, indent=2)
-        print()
-        return 0
-    if store is None:
-        print(f"no store at {path} yet: start `vigil collect --config {args.config}`")
-    print(
-        f"{'TARGET':<16} {'POOL':<8} {'KIND':<4} {'STATE':<7} {'SINCE':<9} {'UP 1H':>6} "
-        f"{'STARTED':<9} {'LAST':<8} {'DUR':>7} {'SAMPLES':>7}  ERROR"
-    )
-    for r in rows:
-        if r["up"] is None:
-            state, last, dur, samples = "unknown", "never", "-", "-"
-        else:
-            state = "up" if r["up"] else "DOWN"
-            last = _age(now - r["last_scrape"])
-            dur = f"{r['last_duration_seconds'] * 1000:.1f}ms"
-            samples = str(r["samples"])
-        since = _age(now - r["state_since"]) if r["state_since"] else "-"
-        ratio = f"{r['up_ratio_1h'] * 100:.1f}%" if r["up_ratio_1h"] is not None else "-"
-        started = _age(now - r["process_start_time"]) if r["process_start_time"] else "-"
-        print(
-            f"{r['target']:<16} {r['pool']:<8} {r['kind']:<4} {state:<7} {since:<9} {ratio:>6} "
-            f"{started:<9} {last:<8} {dur:>7} {samples:>7}  {r['last_error'] or ''}"
-        )
-    return 0
+    return targets_cli.run(args)
 
 
 # --- serve / alerts ----------------------------------------------------------------------
@@ -297,9 +191,14 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", metavar="FILE", help="exposition files; - reads stdin")
     p.set_defaults(func=_cmd_ingest)
 
-    p = sub.add_parser("targets", help="each target's health, like Prometheus's targets page")
+    p = sub.add_parser("targets", help="every target, static and discovered, and its health, "
+                                        "like Prometheus's targets page")
     add_config_option(p)
     add_json_option(p)
+    p.add_argument("--refresh", action="store_true",
+                   help="after the list, keep reading the discovery sources on their "
+                        "intervals and print each target added, removed or changed (Ctrl-C "
+                        "stops)")
     p.set_defaults(func=_cmd_targets)
 
     # The other commands' options live with their modules, which import the web stack, the
