@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from serving.gateway.errors import NoReplica, QueueFull
+from serving.gateway.errors import QueueFull
 from serving.gateway.types import PoolLoad
 from serving.gateway.upstreams import Upstreams
 from vigil.clock import Clock, system_clock
@@ -98,7 +98,7 @@ class Admission:
         up = self._upstreams
         if tier == "premium":
             if up.pick(pool, beyond_kv_limit=True) is None:
-                raise NoReplica(pool, retry_after=self.retry_after)
+                raise up.no_replica(pool, retry_after=self.retry_after)
             return 0.0
         if up.routable(pool) and self._load_ok(pool, tier):
             return 0.0
@@ -118,7 +118,7 @@ class Admission:
             if not self.waiting[key]:
                 del self.waiting[key]
         if not any(r.healthy for r in up.pools.get(pool, ())):
-            raise NoReplica(pool, retry_after=self.retry_after)
+            raise up.no_replica(pool, retry_after=self.retry_after)
         load = up.load(pool)
         raise QueueFull(
             f"Pool {pool!r} is too busy for the {tier} tier (queue {load.queue_length}, "

@@ -10,8 +10,10 @@ over before FastAPI's middleware and routing, whose per-request work the hot pat
 (``asgi`` says why no Response objects either). Their routes are still registered, so another
 method gets FastAPI's 405 like every other path.
 
-The lifespan opens the records database, polls the replicas once, starts the batch queue's
-release loop, and closes all of it on shutdown.
+The lifespan opens the records database, reads the discovered targets and polls the replicas
+once, starts the batch queue's release loop (the discovery and poll loops are the upstreams'
+own), and closes all of it on shutdown. ``/health`` lists every replica with its origin
+(``static`` or the discovery source that found it).
 """
 
 from __future__ import annotations
@@ -181,7 +183,8 @@ def create_app(cfg: Config, *, clock: Clock = system_clock, cache: Any = None,
             pools[name] = {"replicas": len(replicas), "healthy_replicas": load.healthy_replicas,
                            "kv_cache_usage": load.kv_cache_usage,
                            "queue_length": load.queue_length}
-        return JSONResponse({"status": "ok", "pools": pools})
+        return JSONResponse({"status": "ok", "pools": pools,
+                             "replicas": gw.upstreams.describe()})
 
     if queue is not None:
         app.include_router(queue.router())

@@ -21,10 +21,11 @@ import logging
 import signal
 
 from vigil.cli_options import add_config_option, add_listen_option, parse_listen
-from vigil.config import load_config
+from vigil.config import Config, load_config
 from vigil.errors import ConfigError
 
-__all__ = ["SHUTDOWN_GRACE", "add_arguments", "parse_listen", "run", "server_choices"]
+__all__ = ["SHUTDOWN_GRACE", "add_arguments", "parse_listen", "replicas_line", "run",
+           "server_choices"]
 
 #: Seconds in-flight requests get to finish on shutdown.
 SHUTDOWN_GRACE = 10
@@ -53,6 +54,17 @@ def server_choices() -> tuple[str, str]:
             "httptools" if _importable("httptools") else "h11")
 
 
+def replicas_line(cfg: Config) -> str:
+    """Where the replicas come from, for the start-up line: the static ones by name, each
+    discovery source with its mechanism (each replica it finds is logged as it joins or
+    leaves, and ``/health`` lists them all with their origin)."""
+    static = [f"{t.name} ({t.pool})" for t in cfg.targets if t.kind == "vllm"]
+    parts = [f"static: {', '.join(static)}"] if static else []
+    parts += [f"discovery {d.name!r} ({d.mechanism}, every {d.refresh_interval:g} s)"
+              for d in cfg.discovery]
+    return "replicas: " + "; ".join(parts)
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM; exit code 0 (2 for a bad config)."""
     import uvicorn
@@ -60,9 +72,10 @@ def run(args: argparse.Namespace) -> int:
     from serving.gateway.app import create_app
 
     cfg = load_config(args.config)
-    if not any(t.kind == "vllm" for t in cfg.targets):
-        raise ConfigError("the gateway needs at least one kind = \"vllm\" target to send "
-                          "requests to", file=args.config, key="targets")
+    if not cfg.discovery and not any(t.kind == "vllm" for t in cfg.targets):
+        raise ConfigError("the gateway needs at least one kind = \"vllm\" target or a "
+                          "[[discovery]] source to send requests to", file=args.config,
+                          key="targets")
     if not cfg.gateway.api_keys:
         log.warning("no [[gateway.api_keys]]: every request will get 401")
     host, port = parse_listen(args.listen or cfg.gateway.listen)
@@ -71,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     pools = ", ".join(f"{p.name} ({p.model})" for p in cfg.pools)
     print(f"vigil gateway: http://{host}:{port}/v1 for pools {pools}; records in "
           f"{cfg.gateway_records_path()}; {loop} + {http} (Ctrl-C stops)", flush=True)
+    print(replicas_line(cfg), flush=True)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler
     # it found: with Python's default one that kills the process (exit -15). A no-op handler
     # makes a requested stop the clean exit (0) it is.

@@ -102,11 +102,14 @@ class QueueFull(GatewayError):
 
 
 class NoReplica(GatewayError):
-    """503 with ``Retry-After``: no healthy replica can take the request."""
+    """503 with ``Retry-After``: no healthy replica can take the request. ``empty``: the pool
+    has no replica at all right now (none configured, and discovery lists none), said so."""
 
-    def __init__(self, pool: str, *, retry_after: int):
-        super().__init__(f"No replica of pool {pool!r} is healthy with KV-cache room right now.",
-                         status=503, type="server_error", code="no_replica",
+    def __init__(self, pool: str, *, retry_after: int, empty: bool = False):
+        message = (f"Pool {pool!r} has no replicas right now (none configured or discovered)."
+                   if empty else
+                   f"No replica of pool {pool!r} is healthy with KV-cache room right now.")
+        super().__init__(message, status=503, type="server_error", code="no_replica",
                          error_class=ERROR_REJECTED, retry_after=retry_after)
 
 

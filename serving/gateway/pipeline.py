@@ -201,7 +201,7 @@ class Gateway:
         self.cfg = cfg
         gw = cfg.gateway
         self._clock = clock
-        self.upstreams = upstreams or Upstreams(cfg)
+        self.upstreams = upstreams or Upstreams(cfg, clock=clock)
         self.keys = KeyRing(gw.api_keys)
         self.admission = Admission(gw, self.upstreams, clock=clock)
         self.forwarder = Forwarder(self.upstreams, read_timeout=gw.read_timeout,

@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from serving.gateway.errors import NoReplica, UpstreamFailure, UpstreamTimeout
+from serving.gateway.errors import UpstreamFailure, UpstreamTimeout
 from serving.gateway.upstream_http import ConnectFailed, ReadTimeout, Response, UpstreamError
 from serving.gateway.upstreams import Replica, Upstreams
 
@@ -126,7 +126,7 @@ class Forwarder:
         for attempt in (1, 2):
             replica = self._up.pick(pool, beyond_kv_limit=premium, exclude=exclude)
             if replica is None:
-                raise NoReplica(pool, retry_after=self._retry_after)
+                raise self._up.no_replica(pool, retry_after=self._retry_after)
             connections = replica.connections
             if connections is None:
                 raise RuntimeError("the gateway's upstreams are not started")

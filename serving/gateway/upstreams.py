@@ -1,6 +1,19 @@
 """The pools' upstream replicas: health and load polling, and least-outstanding routing.
 
-A pool's replicas are its ``kind = "vllm"`` targets (``TargetConfig.api_base``). Every
+A pool's replicas are its ``kind = "vllm"`` targets (``TargetConfig.api_base``): the static
+``[[targets]]``, and, with ``[[discovery]]`` sources, the targets a ``TargetSet`` finds, followed
+as they come and go without a restart (``Upstreams`` runs the set's refresh loop itself, on the
+gateway's event loop, so the gateway needs no collector):
+
+* an added replica is polled at once and is routable as soon as that poll says healthy (a
+  replica is never routed to before a good poll, as at start: an unready vLLM server would
+  only fail the requests sent to it);
+* a removed one leaves routing at once; requests already on it, streams included, finish on
+  their own connections, which are closed when the last one ends (it "drains");
+* a changed one keeps its state when only its metrics URL moved; a new API base or pool makes
+  it a new replica (polled before it is routed to), the old one draining as if removed.
+
+Every
 ``[gateway] health_interval`` each replica's ``GET /health`` and ``GET /metrics`` are fetched
 concurrently; a replica is healthy while both answer (a request that cannot connect marks it
 down at once, the next good poll brings it back). Only the three gauges routing needs are asked
@@ -22,16 +35,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import httpx
 
+from collector.discovery import ORIGIN_STATIC, TargetSet
 from collector.exposition import normalise_vllm_names, parse
 from serving.gateway.accounting import ShareLedger, gpu_cost_per_second
+from serving.gateway.errors import NoReplica
 from serving.gateway.types import PoolLoad
 from serving.gateway.upstream_http import ReplicaConnections
-from vigil.config import Config
+from vigil.clock import Clock, system_clock
+from vigil.config import Config, TargetConfig
 from vigil.conventions import (
     GATEWAY_POLLED_SERIES,
     KIND_VLLM,
@@ -42,7 +59,7 @@ from vigil.conventions import (
 )
 from vigil.errors import ParseError
 
-__all__ = ["Replica", "Upstreams"]
+__all__ = ["Replica", "TargetSource", "Upstreams"]
 
 log = logging.getLogger("vigil.gateway.upstreams")
 
@@ -56,6 +73,26 @@ KEEPALIVE_S = 4.0
 #: What every request upstream carries: the body is relayed byte for byte, never decompressed.
 _REQUEST_HEADERS = {"User-Agent": _USER_AGENT, "Content-Type": "application/json",
                     "Accept-Encoding": "identity"}
+#: Seconds between two looks at a draining replica's in-flight count: its connections close
+#: at most this long after its last request ends.
+_DRAIN_CHECK_S = 0.25
+#: Seconds before a discovery loop that failed is started again, and that a stopping one gets
+#: to return before it is cancelled.
+_DISCOVERY_RESTART_S = 5.0
+
+
+class TargetSource(Protocol):
+    """What ``Upstreams`` needs of ``collector.discovery.TargetSet``: the targets found now
+    (name -> ``DiscoveredTarget``, each with ``.target`` and ``.origin``), change callbacks
+    (``TargetChanges`` with ``added``, ``removed``, ``changed``), a refresh and its loop."""
+
+    def current(self) -> Mapping[str, Any]: ...
+
+    def subscribe(self, callback: Callable[[Any], Awaitable[None] | None]) -> Any: ...
+
+    async def refresh(self, *, force: bool = False) -> Any: ...
+
+    async def run(self, stop: asyncio.Event) -> Any: ...
 
 
 @dataclass(eq=False)
@@ -76,9 +113,14 @@ class Replica:
     running: int | None = None
     last_error: str = ""
     ledger: ShareLedger = field(default_factory=ShareLedger)
-    #: The replica's keep-alive connections for requests; open from ``Upstreams.start`` to
-    #: ``Upstreams.aclose``.
+    #: The replica's keep-alive connections for requests; open from ``Upstreams.start`` (or
+    #: its arrival, if later) to ``Upstreams.aclose`` (or the end of its draining).
     connections: ReplicaConnections | None = None
+    #: Where it came from: ``static`` (``[[targets]]``) or the discovery source that found it.
+    origin: str = ORIGIN_STATIC
+    #: Out of routing (removed from discovery, or replaced): only its in-flight requests use
+    #: it until they end.
+    draining: bool = False
 
     @property
     def outstanding(self) -> int:
@@ -97,8 +139,14 @@ class Upstreams:
     """Every pool's replicas, polled in the background; ``pick`` routes, ``load`` summarises."""
 
     def __init__(self, cfg: Config, *, monotonic: Callable[[], float] = time.perf_counter,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 targets: TargetSource | None = None, clock: Clock = system_clock) -> None:
+        """``targets``: the discovered targets to follow; default: a ``TargetSet`` of the
+        config's ``[[discovery]]`` sources (on ``clock``, Unix seconds) when there are any,
+        else none (static replicas only)."""
         gw = cfg.gateway
+        self._cfg = cfg
+        self._monotonic = monotonic
         self._interval = gw.health_interval
         self._max_kv = gw.max_kv_usage
         self._connect_timeout = gw.connect_timeout
@@ -109,46 +157,102 @@ class Upstreams:
             timeout=httpx.Timeout(poll_timeout, connect=min(poll_timeout, gw.connect_timeout)),
             headers={"User-Agent": _USER_AGENT, "Accept": SCRAPE_ACCEPT},
             transport=transport, follow_redirects=False)
+        #: The routable replicas of every pool (draining ones are not here).
         self.pools: dict[str, list[Replica]] = {p.name: [] for p in cfg.pools}
+        self._by_name: dict[str, Replica] = {}
+        self._started = False
         for t in cfg.targets:
-            if t.kind != KIND_VLLM:
-                continue
-            self.pools[t.pool].append(Replica(
-                name=t.name, pool=t.pool, api_base=t.api_base, metrics_url=t.url,
-                cost_per_second=gpu_cost_per_second(cfg, t.pool),
-                ledger=ShareLedger(monotonic=monotonic)))
+            if t.kind == KIND_VLLM:
+                self._add(t, ORIGIN_STATIC)
         self._rotation: dict[str, int] = dict.fromkeys(self.pools, 0)
         self._refreshed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._targets = targets if targets is not None else (
+            TargetSet(cfg, clock=clock) if cfg.discovery else None)
+        self._discovery: asyncio.Task[None] | None = None
+        self._stop_discovery: asyncio.Event | None = None
+        #: Replicas out of routing whose last requests are still running, and their drains.
+        self._draining: dict[Replica, asyncio.Task[None]] = {}
 
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Open the replicas' connection pools, poll every replica once (so routing starts
-        informed), then keep polling."""
+        """Open the replicas' connection pools, read the discovered targets once, poll every
+        replica once (so routing starts informed), then keep polling and following
+        discovery."""
+        self._started = True
         for r in self.replicas():
-            if r.connections is None:  # made here: it belongs to the running event loop
-                # No cap on connections: each in-flight stream holds one; the tiers and the
-                # pool's own queue are the limits, not a hidden pool timeout here.
-                r.connections = ReplicaConnections(
-                    r.api_base, connect_timeout=self._connect_timeout,
-                    read_timeout=self._read_timeout, keepalive=KEEPALIVE_S,
-                    headers=_REQUEST_HEADERS)
+            self._open(r)
+        if self._targets is not None:
+            targets = self._targets
+            # Subscribed before anything is read, so no change falls between the two.
+            targets.subscribe(self._on_changes)
+            self._take_in(targets.current().values())
+            try:
+                await targets.refresh()
+            except Exception:  # the static replicas serve; the loop tries again
+                log.exception("reading the discovered targets failed")
+        for r in self.replicas():
+            log.info("replica %s of pool %s (%s): %s", r.name, r.pool, r.origin, r.api_base)
         await self.poll_once()
         self._task = asyncio.create_task(self._loop(), name="gateway-upstream-poll")
+        if self._targets is not None:
+            self._stop_discovery = asyncio.Event()
+            self._discovery = asyncio.create_task(self._discover(self._targets),
+                                                  name="gateway-discovery")
+
+    @property
+    def targets(self) -> TargetSource | None:
+        """The discovered targets followed (None: static replicas only)."""
+        return self._targets
+
+    def _open(self, r: Replica) -> None:
+        if r.connections is None:  # made here: it belongs to the running event loop
+            # No cap on connections: each in-flight stream holds one; the tiers and the
+            # pool's own queue are the limits, not a hidden pool timeout here.
+            r.connections = ReplicaConnections(
+                r.api_base, connect_timeout=self._connect_timeout,
+                read_timeout=self._read_timeout, keepalive=KEEPALIVE_S,
+                headers=_REQUEST_HEADERS)
 
     async def aclose(self) -> None:
-        """Stop polling and close every connection."""
+        """Stop following discovery, stop polling, and close every connection (draining
+        replicas' included: the server is stopping)."""
+        if self._discovery is not None and self._stop_discovery is not None:
+            self._stop_discovery.set()
+            done, _ = await asyncio.wait({self._discovery}, timeout=_DISCOVERY_RESTART_S)
+            if not done:
+                self._discovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._discovery
+            self._discovery = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        drains = list(self._draining.values())
+        for task in drains:
+            task.cancel()
+        await asyncio.gather(*drains, return_exceptions=True)
         await self._poll_client.aclose()
         for r in self.replicas():
             if r.connections is not None:
                 await r.connections.aclose()
                 r.connections = None
+        self._started = False
+
+    async def _discover(self, targets: TargetSource) -> None:
+        """The target set's refresh loop, until ``aclose``; restarted if it fails."""
+        stop = self._stop_discovery or asyncio.Event()
+        while not stop.is_set():
+            try:
+                await targets.run(stop)
+            except Exception:  # the replicas known so far keep serving meanwhile
+                log.exception("target discovery failed; trying again in %g s",
+                              _DISCOVERY_RESTART_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), _DISCOVERY_RESTART_S)
 
     async def _loop(self) -> None:
         while True:
@@ -158,12 +262,103 @@ class Upstreams:
             except Exception:  # never let one bad round stop health checks
                 log.exception("upstream poll round failed")
 
+    # --- the fleet as discovery sees it ---------------------------------------------------
+
+    def _add(self, t: TargetConfig, origin: str) -> Replica | None:
+        """A new routable-once-healthy replica for target ``t`` (None: not one for the
+        gateway)."""
+        if t.kind != KIND_VLLM:
+            return None
+        if t.pool not in self.pools:
+            log.warning("target %s (%s) names pool %r, which the config does not have: "
+                        "ignored", t.name, origin, t.pool)
+            return None
+        r = Replica(name=t.name, pool=t.pool, api_base=t.api_base, metrics_url=t.url,
+                    cost_per_second=gpu_cost_per_second(self._cfg, t.pool),
+                    ledger=ShareLedger(monotonic=self._monotonic), origin=origin)
+        self.pools[t.pool].append(r)
+        self._by_name[t.name] = r
+        if self._started:
+            self._open(r)
+            log.info("replica %s of pool %s joined (%s): %s", r.name, r.pool, origin,
+                     r.api_base)
+        return r
+
+    def _remove(self, name: str) -> None:
+        """Take replica ``name`` out of routing now; close its connections once its last
+        request ends."""
+        r = self._by_name.pop(name, None)
+        if r is None:
+            return
+        self.pools[r.pool].remove(r)
+        r.draining = True
+        log.info("replica %s of pool %s left (%s); %d request(s) still on it", r.name,
+                 r.pool, r.origin, r.outstanding)
+        if r.connections is not None:
+            self._draining[r] = asyncio.create_task(self._drain(r),
+                                                    name=f"gateway-drain-{r.name}")
+
+    async def _drain(self, r: Replica) -> None:
+        try:
+            while r.outstanding:
+                await asyncio.sleep(_DRAIN_CHECK_S)
+        finally:
+            self._draining.pop(r, None)
+            if r.connections is not None:
+                await r.connections.aclose()
+                r.connections = None
+
+    def _change(self, t: TargetConfig, origin: str) -> Replica | None:
+        """Target ``t`` is known under its name with something else changed; the replica to
+        poll before it is routed to (None: none, or the same one, kept as it is)."""
+        r = self._by_name.get(t.name)
+        if r is None:
+            return self._add(t, origin)
+        if t.kind != KIND_VLLM:
+            self._remove(t.name)
+            return None
+        r.origin = origin
+        if t.pool == r.pool and t.api_base == r.api_base:
+            r.metrics_url = t.url  # the next poll reads it; in-flight requests are unaffected
+            return None
+        # Requests on the old address finish there; the new one is routed to once polled.
+        self._remove(t.name)
+        return self._add(t, origin)
+
+    def _take_in(self, found: Iterable[Any]) -> None:
+        """Take in the target set's targets (``DiscoveredTarget``): the static ones are
+        already here (they only get their origin), the others join (``start`` polls them)."""
+        for d in found:
+            self._change(d.target, d.origin)
+
+    async def _on_changes(self, changes: Any) -> None:
+        """Apply a ``TargetChanges``: removed ones leave routing now, added and changed ones
+        are polled at once and routable as soon as they answer healthy."""
+        for d in changes.removed:
+            self._remove(d.target.name)
+        fresh: list[Replica] = []
+        for d in changes.changed:
+            r = self._change(d.target, d.origin)
+            if r is not None:
+                fresh.append(r)
+        for d in changes.added:
+            r = self._change(d.target, d.origin)  # a name already known is a change
+            if r is not None:
+                fresh.append(r)
+        if fresh and self._started:
+            await asyncio.gather(*(self._poll(r) for r in fresh))
+            self._wake()
+
     # --- polling ----------------------------------------------------------------------------
 
     async def poll_once(self) -> None:
         """Poll every replica now, then wake whoever waits for fresh load figures."""
         replicas = [r for rs in self.pools.values() for r in rs]
         await asyncio.gather(*(self._poll(r) for r in replicas))
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake whoever waits for fresh load figures (``wait_refresh``)."""
         event, self._refreshed = self._refreshed, asyncio.Event()
         event.set()
 
@@ -241,6 +436,11 @@ class Upstreams:
         """Some healthy replica of ``pool`` has KV-cache room."""
         return any(self._has_room(r) for r in self.pools.get(pool, ()))
 
+    def no_replica(self, pool: str, *, retry_after: int) -> NoReplica:
+        """The 503 for a request of ``pool`` no replica can take; it says when the pool has
+        no replica at all (every one removed from discovery, say)."""
+        return NoReplica(pool, retry_after=retry_after, empty=not self.pools.get(pool))
+
     def _has_room(self, r: Replica) -> bool:
         return r.healthy and (r.kv_usage is None or r.kv_usage <= self._max_kv)
 
@@ -270,5 +470,17 @@ class Upstreams:
         return best
 
     def replicas(self) -> list[Replica]:
-        """Every replica of every pool."""
+        """Every routable replica of every pool (not the draining ones)."""
         return [r for rs in self.pools.values() for r in rs]
+
+    def draining(self) -> list[Replica]:
+        """Replicas out of routing whose last requests are still running."""
+        return list(self._draining)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Every replica, draining ones included, as ``/health`` shows it: name, pool, API
+        base, origin, health, requests in flight, KV-cache usage (ratio 0-1)."""
+        return [{"name": r.name, "pool": r.pool, "url": r.api_base, "origin": r.origin,
+                 "healthy": r.healthy, "draining": r.draining, "in_flight": r.outstanding,
+                 "kv_cache_usage": r.kv_usage, "last_error": r.last_error}
+                for r in [*self.replicas(), *self._draining]]
