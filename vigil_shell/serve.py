@@ -9,6 +9,12 @@ One asyncio loop runs one ``AsyncIOScheduler`` with these jobs:
 * ``deliver`` (every second): retries and group timers (``Notifier.process`` again when a
   group_wait/group_interval is due, then ``deliver_due``).
 
+With ``[engine] prometheus_url`` (or ``--prometheus-url``) there is no collector and no
+store: a Prometheus scrapes the replicas, ``evaluate`` reads it (``slo.prometheus``), and
+replica health (``TargetDown``) comes from its ``up`` series, each replica named by its pool's
+replica label. A failed evaluation (the source unreachable) leaves the alerts as they were and
+is tried again on the next tick.
+
 The HTTP server (``/metrics``, ``/healthz``) runs on a thread: a scrape never waits for the
 loop. SIGTERM or SIGINT stops the scheduler, lets scrapes, the evaluation and deliveries under
 way finish, then closes everything; the exit code is 0.
@@ -22,7 +28,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,18 +41,22 @@ from alerts.conditions import ConditionState, evaluate_conditions, kv_usage_by_r
 from alerts.exporter import Exporter, Snapshot
 from alerts.model import Alert
 from alerts.notifier import Notifier, redact_url
-from vigil.cli_options import add_config_option, add_listen_option
+from vigil.cli_options import add_config_option, add_listen_option, add_prometheus_url_option
 from vigil.cli_options import parse_listen as _parse_host_port
 from vigil.clock import Clock, system_clock
-from vigil.config import Config
+from vigil.config import Config, TargetConfig, check_http_url
 from vigil.conventions import (
     LABEL_INSTANCE,
+    LABEL_POOL,
+    SERIES_SCRAPE_DURATION,
+    SERIES_SCRAPE_SAMPLES,
     SERIES_UP,
     SERVE_DEFAULT_LISTEN,
+    TARGET_KINDS,
     VLLM_KV_CACHE_USAGE,
 )
-from vigil.errors import ConfigError
-from vigil.model import TargetHealth
+from vigil.errors import ConfigError, SourceError
+from vigil.model import Point, TargetHealth
 
 __all__ = ["EvaluationResult", "Server", "add_arguments", "parse_listen", "run"]
 
@@ -66,6 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help=f"address of /metrics and /healthz (default {SERVE_DEFAULT_LISTEN})")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback --listen (the endpoint has no authentication)")
+    add_prometheus_url_option(p, help="evaluate from this Prometheus-compatible API, which "
+                                      "scrapes the replicas itself: no collector, no store "
+                                      "(default: [engine] prometheus_url)")
 
 
 def parse_listen(value: str, *, allow_remote: bool = False) -> tuple[str, int]:
@@ -136,12 +149,48 @@ class EvaluationResult:
         self.duration = duration
 
 
-class _Evaluator:
-    """Owns the read-only store connection; every call runs on the one evaluation thread."""
+def _replica_kv_usage(config: Config, source: Any, at_s: float) -> dict[tuple[str, str], float]:
+    """``{(pool, replica): mean KV usage}``: each pool's ``vllm:kv_cache_usage_perc`` read
+    through its own matchers, its replicas told apart by the source's replica label."""
+    from slo.sli import pool_series, replica_label
+
+    out: dict[tuple[str, str], float] = {}
+    for pool in config.pools:
+        label = replica_label(pool, source)
+        vector = source.instant(VLLM_KV_CACHE_USAGE, pool_series(pool, source), at_s)
+        # Re-keyed to the (pool, instance) pairs the conditions name alerts by; the other
+        # labels (engine, model_name) keep a replica's engines apart, to be averaged.
+        keyed = {tuple(sorted({**dict(labels), LABEL_POOL: pool.name,
+                               LABEL_INSTANCE: dict(labels).get(label, "")}.items())): v
+                 for labels, v in vector.items()}
+        out.update(kv_usage_by_replica(keyed, {}))
+    return out
+
+
+def _trailing_failures(points: list[Point]) -> int:
+    """How many of the last samples of an ``up`` series are 0 (consecutive failed scrapes)."""
+    streak = 0
+    for p in sorted((p for p in points if p.value is not None), key=lambda p: p.ts_ms,
+                    reverse=True):
+        if p.value != 0.0:
+            break
+        streak += 1
+    return streak
+
+
+class _StoreEvaluator:
+    """Reads Vigil's own store (which the collector of this process fills) through its own
+    read-only connection; every call runs on the one evaluation thread."""
 
     def __init__(self, config: Config):
         self.config = config
         self._store: Any = None
+
+    def describe(self) -> str:
+        from slo.cli import embedded_semantics
+
+        sem = embedded_semantics(self.config.engine.promql_semantics)
+        return f"store {self.config.store_path()} (PromQL {sem})"
 
     def _source(self) -> Any:
         from collector.store import Store
@@ -155,41 +204,29 @@ class _Evaluator:
                               semantics=embedded_semantics(self.config.engine.promql_semantics),
                               lookback_s=self.config.engine.lookback)
 
-    def evaluate(self, at_s: float) -> EvaluationResult:
-        from slo.sli import vllm_matchers
+    def evaluate(self, at_s: float, targets: Sequence[TargetConfig]) -> EvaluationResult:
+        """The status at ``at_s``; ``targets``: the ones the collector scrapes now (static
+        and discovered)."""
+        from slo.cli import request_log
         from slo.status import evaluate
 
         t0 = time.perf_counter()
         source = self._source()
-        from slo.cli import request_log
-
         status = evaluate(self.config, source, at_s, request_log=request_log(self.config))
-        targets = list(self._store.target_health())
-        pool_of = {t.name: t.pool for t in self.config.targets}
-        kv: dict[tuple[str, str], float] = {}
-        for pool in self.config.pools:
-            vector = source.instant(VLLM_KV_CACHE_USAGE, vllm_matchers(pool.name), at_s)
-            kv.update(kv_usage_by_replica(vector, pool_of))
-        return EvaluationResult(status, targets, kv, self._down_streaks(at_s),
-                                time.perf_counter() - t0)
+        health = list(self._store.target_health())
+        return EvaluationResult(status, health, _replica_kv_usage(self.config, source, at_s),
+                                self._down_streaks(at_s, targets), time.perf_counter() - t0)
 
-    def _down_streaks(self, at_s: float) -> dict[str, int]:
+    def _down_streaks(self, at_s: float, targets: Sequence[TargetConfig]) -> dict[str, int]:
         """Consecutive failed scrapes (``up == 0``) at the end of each target's ``up`` series."""
         n = self.config.alerts.target_down_scrapes
         out: dict[str, int] = {}
-        for t in self.config.targets:
+        for t in targets:
             # Enough history for n scrapes plus slack for late ones (seconds).
             span = (n + 2) * self.config.scrape_interval(t) * 2
             series = self._store.points(SERIES_UP, {LABEL_INSTANCE: t.name},
                                         start_ms=int((at_s - span) * 1000))
-            values = sorted((p for pts in series.values() for p in pts if p.value is not None),
-                            key=lambda p: p.ts_ms)
-            streak = 0
-            for p in reversed(values):
-                if p.value != 0.0:
-                    break
-                streak += 1
-            out[t.name] = streak
+            out[t.name] = _trailing_failures([p for pts in series.values() for p in pts])
         return out
 
     def close(self) -> None:
@@ -198,28 +235,125 @@ class _Evaluator:
             self._store = None
 
 
+class _PrometheusEvaluator:
+    """Reads a Prometheus-compatible API that scrapes the replicas itself: the SLO status,
+    and each replica's health from Prometheus's ``up`` (the pool's replica label naming it).
+
+    ``[engine] promql_semantics = "auto"`` follows the server's major version, asked again
+    until the server has answered once (it may be down when `vigil serve` starts)."""
+
+    def __init__(self, config: Config, url: str):
+        from slo.prometheus import PrometheusSource
+
+        self.config = config
+        sem = config.engine.promql_semantics
+        interval = config.engine.evaluation_interval
+        # One slow query must not hold the evaluation for much longer than its interval.
+        self.source = PrometheusSource(url, semantics="3" if sem == "auto" else sem,
+                                       lookback_s=config.engine.lookback,
+                                       timeout_s=min(30.0, max(1.0, interval)))
+        self._follow_server = sem == "auto"
+
+    def describe(self) -> str:
+        sem = "the server's" if self._follow_server else self.source.semantics.value
+        return f"Prometheus {self.source.url} (PromQL {sem})"
+
+    def evaluate(self, at_s: float, targets: Sequence[TargetConfig] = ()) -> EvaluationResult:
+        """The status at ``at_s``; ``targets`` is unused (Prometheus knows its own)."""
+        from slo.cli import request_log
+        from slo.status import evaluate
+
+        t0 = time.perf_counter()
+        source = self.source
+        detected = source.server_semantics() if self._follow_server else None
+        if detected is not None:
+            source.semantics = detected
+        status = evaluate(self.config, source, at_s, request_log=request_log(self.config))
+        if self._follow_server:
+            # The server answered: it said its version, or it never will (Thanos, Mimir...),
+            # and the default stands.
+            self._follow_server = False
+        targets, streaks = self._replicas(at_s)
+        return EvaluationResult(status, targets, _replica_kv_usage(self.config, source, at_s),
+                                streaks, time.perf_counter() - t0)
+
+    def _replicas(self, at_s: float) -> tuple[list[TargetHealth], dict[str, int]]:
+        """Per replica of every pool (vLLM and DCGM series): its latest scrape as target
+        health, and its consecutive failed scrapes, from Prometheus's ``up``,
+        ``scrape_duration_seconds`` and ``scrape_samples_scraped``. A replica whose ``up`` is
+        stale (gone from discovery) is left out, as the ``up == 0`` rule forgets it."""
+        from slo.sli import pool_series, replica_label
+
+        source = self.source
+        # Enough history for target_down_scrapes scrapes at Vigil's interval, and at least the
+        # lookback, within which Prometheus's own interval must fall for `up` to be current.
+        n = self.config.alerts.target_down_scrapes
+        span = max(self.config.engine.lookback,
+                   2 * (n + 2) * self.config.collector.scrape_interval)
+        health: dict[str, TargetHealth] = {}
+        streaks: dict[str, int] = {}
+        for pool in self.config.pools:
+            label = replica_label(pool, source)
+            for kind in TARGET_KINDS:
+                matchers = pool_series(pool, source, kind)
+                current = source.instant(SERIES_UP, matchers, at_s)
+                if not current:
+                    continue
+                history = source.samples(SERIES_UP, matchers, at_s, span)
+                took = source.instant(SERIES_SCRAPE_DURATION, matchers, at_s)
+                counted = source.instant(SERIES_SCRAPE_SAMPLES, matchers, at_s)
+                for labels, value in current.items():
+                    d = dict(labels)
+                    name = d.get(label) or d.get(LABEL_INSTANCE, "")
+                    points = history.get(labels, [])
+                    last = max((p.ts_ms for p in points), default=0) / 1000.0
+                    health[name] = TargetHealth(
+                        name, pool.name, kind, d.get(LABEL_INSTANCE, ""), value == 1.0,
+                        last or at_s, took.get(labels, 0.0), int(counted.get(labels, 0.0)),
+                        "" if value == 1.0 else "up == 0 in Prometheus")
+                    streaks[name] = _trailing_failures(points)
+        return sorted(health.values()), streaks
+
+    def close(self) -> None:
+        self.source.close()
+
+
+_Evaluator = _StoreEvaluator | _PrometheusEvaluator
+
+
 # --- the server ---------------------------------------------------------------------------
 class Server:
     """Everything `vigil serve` runs, on the caller's asyncio loop (see the module docstring).
 
-    ``clock`` gives "now" (Unix seconds) for evaluations and alerts.
+    ``clock`` gives "now" (Unix seconds) for evaluations and alerts. ``prometheus_url``
+    (default ``[engine] prometheus_url``): evaluate from that Prometheus-compatible API, with
+    no collector and no store; "" reads the store the collector fills.
     """
 
     def __init__(self, config: Config, *, listen: tuple[str, int] = ("127.0.0.1", 9464),
-                 clock: Clock = system_clock):
-        from collector.service import Collector
-
+                 clock: Clock = system_clock, prometheus_url: str | None = None):
         self.config = config
         self.clock = clock
         self.listen = listen
-        self.collector = Collector(config, clock=clock)
+        url = (config.engine.prometheus_url if prometheus_url is None
+               else prometheus_url).rstrip("/")
+        self._evaluator: _Evaluator
+        if url:
+            self.collector: Any = None
+            self._evaluator = _PrometheusEvaluator(config, url)
+        else:
+            from collector.service import Collector
+
+            self.collector = Collector(config, clock=clock)
+            self._evaluator = _StoreEvaluator(config)
         self.notifier: Notifier | None = None
         self.exporter = Exporter()
         self.state = ConditionState()
         self.alerts: list[Alert] = []
         self.evaluations = 0
+        #: Evaluations that failed since the last one that succeeded.
+        self.failures = 0
         self.last_error = ""
-        self._evaluator = _Evaluator(config)
         self._eval_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vigil-eval")
         self._tasks: dict[str, asyncio.Task[Any]] = {}
         self._deliver_lock = asyncio.Lock()
@@ -251,13 +385,27 @@ class Server:
         """One evaluation: status, conditions, notifier, exporter; returns the alerts."""
         now = self.clock()
         loop = asyncio.get_running_loop()
+        # Taken on the loop, where discovery changes the collector's targets.
+        targets = list(self.collector.targets) if self.collector is not None else []
         try:
-            result = await loop.run_in_executor(self._eval_thread, self._evaluator.evaluate, now)
+            result = await loop.run_in_executor(self._eval_thread, self._evaluator.evaluate, now,
+                                                targets)
         except Exception as exc:
-            # A broken evaluation must not kill serve; /healthz and the log say so.
-            self.last_error = f"evaluation failed: {exc}"
-            log.exception("evaluation at %.3f failed", now)
+            # A broken evaluation must not kill serve; /healthz and the log say so. The
+            # condition state is kept as it was: alerts firing or pending before the failure
+            # are still there when the source answers again, none resolved by the outage.
+            self.failures += 1
+            self.last_error = f"evaluation from {self.source} failed: {exc}"
+            if isinstance(exc, SourceError):
+                log.error("evaluation at %.3f failed (%d in a row): %s", now, self.failures,
+                          exc)
+            else:
+                log.exception("evaluation at %.3f failed", now)
             return self.alerts
+        if self.failures:
+            log.warning("evaluation from %s recovered after %d failed", self.source,
+                        self.failures)
+        self.failures = 0
         self.last_error = ""
         alerts, self.state = evaluate_conditions(
             self.config, result.status, result.targets, self.state, now,
@@ -305,16 +453,26 @@ class Server:
             routes=tuple(x.name for x in self.config.alerts.routes),
         ))
 
+    @property
+    def source(self) -> str:
+        """Where the evaluation reads, e.g. ``store vigil.db`` or ``Prometheus http://...
+        (PromQL 2)``."""
+        return self._evaluator.describe()
+
     def healthy(self) -> tuple[bool, str]:
-        """(ok, text) for ``/healthz``: not ok while the last evaluation failed."""
+        """(ok, text) for ``/healthz``: not ok while the last evaluation failed; both say
+        where the evaluation reads."""
         if self.last_error:
             return False, self.last_error
-        return True, f"ok: {self.evaluations} evaluations, {len(self.alerts)} alerts firing"
+        return True, (f"ok: {self.evaluations} evaluations from {self.source}, "
+                      f"{len(self.alerts)} alerts firing")
 
     # --- lifecycle ----------------------------------------------------------------------
     async def start(self, scheduler: AsyncIOScheduler) -> None:
-        """Open the store, the outbox and the HTTP server; add every job to ``scheduler``."""
-        await self.collector.open()
+        """Open the store (reading it), the outbox and the HTTP server; add every job to
+        ``scheduler``."""
+        if self.collector is not None:
+            await self.collector.open()
         self.notifier = Notifier(self.config, self.config.outbox_path(), clock=self.clock)
         self._publish()
         host, port = self.listen
@@ -323,7 +481,8 @@ class Server:
         threading.Thread(target=self._http.serve_forever, name="vigil-http",
                          daemon=True).start()
         now = datetime.now(UTC)
-        self.collector.schedule(scheduler, now)
+        if self.collector is not None:
+            self.collector.schedule(scheduler, now)
         interval = self.config.engine.evaluation_interval
         scheduler.add_job(self._evaluate_job, "interval", seconds=interval,
                           next_run_time=now + timedelta(seconds=interval), id="evaluate",
@@ -335,7 +494,8 @@ class Server:
 
     async def stop(self) -> None:
         """After the scheduler stopped: let work under way finish, then close everything."""
-        await self.collector.finish()
+        if self.collector is not None:
+            await self.collector.finish()
         pending = [t for t in self._tasks.values() if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=SHUTDOWN_GRACE)
@@ -350,17 +510,23 @@ class Server:
         self._eval_thread.shutdown(wait=True)
         if self.notifier is not None:
             self.notifier.close()
-        await self.collector.close()
+        if self.collector is not None:
+            await self.collector.close()
 
     def banner(self) -> str:
         """What runs where, printed at start."""
         cfg = self.config
         host, port = self.listen
+        if self.collector is None:
+            head = "vigil serve: no collector and no store (Prometheus scrapes the replicas)"
+        else:
+            found = f" and {len(cfg.discovery)} discovery sources" if cfg.discovery else ""
+            head = (f"vigil serve: {len(cfg.targets)} targets{found} every "
+                    f"{cfg.collector.scrape_interval:g}s into {cfg.store_path()}")
         lines = [
-            f"vigil serve: {len(cfg.targets)} targets every {cfg.collector.scrape_interval:g}s "
-            f"into {cfg.store_path()}",
-            f"  evaluation every {cfg.engine.evaluation_interval:g}s "
-            f"(PromQL {cfg.engine.promql_semantics}, window {cfg.engine.window:g}s)",
+            head,
+            f"  evaluation every {cfg.engine.evaluation_interval:g}s from {self.source}, "
+            f"window {cfg.engine.window:g}s",
             f"  alerts: outbox {cfg.outbox_path()}, {len(cfg.alerts.routes)} routes"
             + "".join(f"\n    {r.name}: {r.format} -> {redact_url(r.url)} match {dict(r.match)}"
                       for r in cfg.alerts.routes),
@@ -371,13 +537,14 @@ class Server:
 
 
 async def serve(config: Config, listen: tuple[str, int],
-                stop: asyncio.Event | None = None) -> int:
-    """Run until ``stop`` is set or SIGTERM/SIGINT arrives; returns the exit code."""
+                stop: asyncio.Event | None = None, *, prometheus_url: str | None = None) -> int:
+    """Run until ``stop`` is set or SIGTERM/SIGINT arrives; returns the exit code.
+    ``prometheus_url``: ``Server``'s."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    server = Server(config, listen=listen)
+    server = Server(config, listen=listen, prometheus_url=prometheus_url)
     scheduler = AsyncIOScheduler(timezone=UTC)
     try:
         await server.start(scheduler)
@@ -391,20 +558,28 @@ async def serve(config: Config, listen: tuple[str, int],
         await server.stop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-    print(f"vigil serve: stopped after {server.collector.scrapes} scrapes and "
-          f"{server.evaluations} evaluations", flush=True)
+    scrapes = f"{server.collector.scrapes} scrapes and " if server.collector else ""
+    print(f"vigil serve: stopped after {scrapes}{server.evaluations} evaluations", flush=True)
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
-    """`vigil serve --config F [--listen HOST:PORT] [--allow-remote]`."""
+    """`vigil serve --config F [--listen HOST:PORT] [--allow-remote] [--prometheus-url URL]`."""
     from vigil.config import load_config
 
     config = load_config(args.config)
     listen = parse_listen(args.listen, allow_remote=args.allow_remote)
-    if not config.targets:
-        raise ConfigError("no [[targets]] to scrape", file=args.config, key="targets")
-    return asyncio.run(serve(config, listen))
+    url = (getattr(args, "prometheus_url", None) or config.engine.prometheus_url).rstrip("/")
+    if url:
+        try:
+            check_http_url(url)
+        except ValueError as exc:
+            raise ConfigError(f"--prometheus-url: {exc}") from None
+    elif not config.targets and not config.discovery:
+        raise ConfigError("no [[targets]] or [[discovery]] to scrape (or give "
+                          "[engine] prometheus_url to read a Prometheus that scrapes them)",
+                          file=args.config, key="targets")
+    return asyncio.run(serve(config, listen, prometheus_url=url))
 
 
 def main(argv: list[str] | None = None) -> int:
