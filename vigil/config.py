@@ -46,6 +46,7 @@ __all__ = [
     "BatchConfig",
     "BurnRateAlert",
     "CacheConfig",
+    "CapacityConfig",
     "CollectorConfig",
     "Config",
     "DashboardConfig",
@@ -708,6 +709,38 @@ class DashboardConfig(_Section):
     refresh_interval: Duration = 30.0
 
 
+class CapacityConfig(_Section):
+    """Capacity at the SLO (``vigil capacity``) and the planner (``vigil plan``)."""
+
+    #: Saved capacity profiles (JSON); relative paths are relative to the config file.
+    profiles_path: str = "vigil-capacity.json"
+    #: The search bisects until the passing and failing concurrencies are within this ratio.
+    precision: Annotated[float, Field(gt=0.0, le=0.5)] = 0.10
+    #: Confidence level 0-1 of each probe's attainment interval (Wilson score).
+    confidence: Annotated[float, Field(ge=0.5, lt=1.0)] = 0.95
+    #: Each probe runs at least this long (seconds) and sends at least min_probe_requests...
+    probe_duration: Duration = 20.0
+    min_probe_requests: int = Field(default=100, ge=10)
+    #: ...and is extended until its interval is resolved, up to this many requests.
+    max_probe_requests: int = Field(default=2000, ge=10)
+    #: The search never goes above this concurrency.
+    max_concurrency: int = Field(default=1024, ge=1)
+    #: Hours per month of the monthly cost (730 = 8760 / 12).
+    hours_per_month: float = Field(default=730.0, gt=0)
+    #: Step of the planner's replicas-over-the-day curve and of the waste figures (seconds).
+    plan_step: Duration = 900.0
+
+    @model_validator(mode="after")
+    def _check(self) -> CapacityConfig:
+        if self.max_probe_requests < self.min_probe_requests:
+            raise ValueError("max_probe_requests must be at least min_probe_requests")
+        if self.probe_duration <= 0:
+            raise ValueError("probe_duration must be more than 0 seconds")
+        if self.plan_step < 60:
+            raise ValueError("plan_step must be at least 60 seconds")
+        return self
+
+
 class Config(_Section):
     """The whole configuration file."""
 
@@ -730,6 +763,7 @@ class Config(_Section):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     dashboard: DashboardConfig = Field(default_factory=DashboardConfig)
     rules: RulesConfig = Field(default_factory=RulesConfig)
+    capacity: CapacityConfig = Field(default_factory=CapacityConfig)
     #: Where the file was read from ("" when built in code); relative store paths resolve here.
     source: str = ""
 
@@ -781,6 +815,13 @@ class Config(_Section):
     def gateway_records_path(self) -> Path:
         """The gateway's records database; a relative path is relative to the config file."""
         p = Path(self.gateway.records_path)
+        if not p.is_absolute() and self.source:
+            p = Path(self.source).resolve().parent / p
+        return p
+
+    def capacity_profiles_path(self) -> Path:
+        """The saved capacity profiles; a relative path is relative to the config file."""
+        p = Path(self.capacity.profiles_path)
         if not p.is_absolute() and self.source:
             p = Path(self.source).resolve().parent / p
         return p
