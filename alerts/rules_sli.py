@@ -260,7 +260,8 @@ def _cost_intervals(config: Config, pool: PoolConfig) -> dict[str, Any]:
     chosen by a selector has no per-target intervals: its replicas are not Vigil's targets
     (their ``replica_label`` values are not target names), so all take the default."""
     lookback = config.engine.lookback
-    default = coverage_interval(None, (), config.collector.scrape_interval, lookback)
+    default = coverage_interval(config.unlisted_scrape_interval(pool), (),
+                                config.collector.scrape_interval, lookback)
     targets = () if pool.has_selector else config.targets
     own = {t.name: coverage_interval(config.scrape_interval(t), (), default, lookback)
            for t in targets if t.pool == pool.name}

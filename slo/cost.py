@@ -23,13 +23,18 @@ told apart by the pool's ``replica_label`` (``pod``, say) and a pod scraped by t
 ``up_seconds`` (``max by (<replica label>) (...)``), never their sum.
 
 ``interval`` is the target's configured scrape interval (``[[targets]] scrape_interval``, else
-``[collector] scrape_interval``), the series' ``instance`` being the target's name. A series of
-no configured target (one a Prometheus discovered) takes the median spacing of its samples in
-the window (with at least ``MIN_SAMPLES_FOR_SPACING`` samples; else ``[collector]
-scrape_interval``), never more than ``[engine] lookback``: no sample counts for longer than
+``[collector] scrape_interval``), the series' ``instance`` being the target's name. A replica no
+``[[targets]]`` entry lists (chosen by a selector in a team's Prometheus, or found by
+``[[discovery]]``) takes ``Config.unlisted_scrape_interval``: the pool's ``scrape_interval``,
+else the discovery entries' interval, else, for a selector pool, ``[collector]
+scrape_interval`` — the interval the generated rule bills with, so the engine reading that
+Prometheus and the rule agree. Only when none is known (a pool without a selector whose series
+a Prometheus discovered on its own) does a series take the median spacing of its samples in the
+window (with at least ``MIN_SAMPLES_FOR_SPACING`` samples; else ``[collector]
+scrape_interval``). Never more than ``[engine] lookback``: no sample counts for longer than
 PromQL would see it. The ``min(…, w)`` keeps a window's edge sample from billing more than the
 window. In PromQL, per target: ``clamp_max(sum_over_time(up[w]) * interval, w)``
-(``alerts.rules_promql.gpu_cost_expr``; equal to this for every configured target).
+(``alerts.rules_promql.gpu_cost_expr``; equal to this whenever the interval is known).
 
 History the store has downsampled (``slo.source.Downsampled``: older than ``[store]
 raw_retention``, one sample per ``[store] resolution`` bucket) bills each kept sample for
@@ -124,6 +129,12 @@ def up_seconds(
     jobs is one replica); a series without that label stays on its own."""
     configured = {t.name: config.scrape_interval(t) for t in config.targets
                   if t.pool == pool.name}
+    # Replicas no [[targets]] entry lists: a known interval bills them exactly as the
+    # generated rule does (PromQL cannot measure spacing); a selector's series never match a
+    # target name, and the engine reading a team's Prometheus must equal the rules.
+    unlisted = config.unlisted_scrape_interval(pool)
+    if is_external(source) and pool.has_selector:
+        configured = {}
     thinned = source.downsampled() if isinstance(source, Downsampled) else None
     out: dict[Labels, float] = {}
     series = source.samples(SERIES_UP, vllm_matchers(pool, source), at_s, window_s)
@@ -133,7 +144,7 @@ def up_seconds(
             continue
         billed = pts if pool.bill_down_time else [p for p in pts if p.value == 1.0]
         interval = coverage_interval(
-            configured.get(dict(labels).get(LABEL_INSTANCE, "")),
+            configured.get(dict(labels).get(LABEL_INSTANCE, ""), unlisted),
             [p.ts_ms for p in pts], config.collector.scrape_interval, config.engine.lookback,
         )
         before_ms, resolution_s = thinned if thinned is not None else (None, 0.0)

@@ -181,3 +181,19 @@ def test_selector_is_hashable_and_immutable() -> None:
     a, b = parse_selector('a="x"'), parse_selector("a='x'")
     assert a == b and hash(a) == hash(b)
     assert repr(a) == 'Selector({a="x"})'
+
+
+def test_leading_inline_flags_as_in_re2() -> None:
+    # RE2 (Prometheus) accepts a leading (?i); Python only at the very start, so the selector
+    # scopes it instead of wrapping the pattern in a group that would reject it.
+    sel = parse_selector('service=~"(?i)CHAT-.*", pod!~"(?s)x.y"')
+    assert sel.matches({"service": "chat-vllm", "pod": "x\ny2"})
+    assert not sel.matches({"service": "my-chat-vllm"})  # still anchored
+    assert not sel.matches({"service": "chat-vllm", "pod": "x\ny"})
+
+
+def test_flags_python_cannot_express_are_named() -> None:
+    with pytest.raises(SelectorError, match="ungreedy flag U"):
+        parse_selector('a=~"(?U)x+"')
+    with pytest.raises(SelectorError, match="global flags not at the start"):
+        parse_selector('a=~"x(?i)y"')

@@ -192,6 +192,11 @@ class PoolConfig(_Section):
     #: The label that tells the pool's replicas apart in a selector's series (e.g. ``pod``).
     #: Series Vigil scraped itself always use ``instance`` (its target's name).
     replica_label: str = DEFAULT_REPLICA_LABEL
+    #: Seconds between scrapes of the pool's replicas that no [[targets]] entry lists (those a
+    #: selector chooses in a team's Prometheus, or found by [[discovery]]): each ``up`` sample
+    #: is billed for this long. Default: the discovery entries' interval, else
+    #: ``[collector] scrape_interval``. Set it to the PodMonitor's / ServiceMonitor's interval.
+    scrape_interval: Duration | None = None
 
     @field_validator("selector", "dcgm_selector")
     @classmethod
@@ -239,6 +244,8 @@ class PoolConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> PoolConfig:
+        if self.scrape_interval is not None and self.scrape_interval <= 0:
+            raise ValueError("scrape_interval must be more than 0 seconds")
         if self.min_replicas > self.max_replicas:
             raise ValueError(
                 f"min_replicas ({self.min_replicas}) is more than max_replicas "
@@ -798,6 +805,20 @@ class Config(_Section):
     def scrape_interval(self, target: TargetConfig) -> float:
         """Seconds between scrapes of ``target``."""
         return target.scrape_interval or self.collector.scrape_interval
+
+    def unlisted_scrape_interval(self, pool: PoolConfig) -> float | None:
+        """Seconds between scrapes of the pool's replicas that no ``[[targets]]`` entry lists:
+        ``pool.scrape_interval``; else the interval of the ``[[discovery]]`` entries that can
+        feed the pool when they agree; else ``[collector] scrape_interval`` for a pool with a
+        selector. ``None`` when unknown (several discovery intervals, or none configured for
+        a pool without a selector): the cost then measures the samples' spacing."""
+        if pool.scrape_interval is not None:
+            return pool.scrape_interval
+        found = {d.scrape_interval or self.collector.scrape_interval for d in self.discovery
+                 if d.pool in (pool.name, "")}
+        if len(found) == 1:
+            return found.pop()
+        return self.collector.scrape_interval if pool.selector else None
 
     def scrape_timeout(self, target: TargetConfig) -> float:
         """Seconds a scrape of ``target`` may take: its own timeout, or the default capped to

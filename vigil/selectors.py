@@ -80,9 +80,20 @@ def promql_string(value: str) -> str:
     return "".join(out)
 
 
+#: RE2's leading flag group, ``(?i)``: Python allows global flags only at the very start, so
+#: wrapping the pattern in a group would reject it; it becomes a scoped group ``(?i:...)``.
+_LEADING_FLAGS = re.compile(r"\(\?([imsU]+)\)")
+
+
 @lru_cache(maxsize=1024)
 def _compiled(pattern: str) -> re.Pattern[str]:
     # Prometheus anchors every regex matcher and, since 3.0, lets "." match a newline too.
+    m = _LEADING_FLAGS.match(pattern)
+    if m:
+        if "U" in m.group(1):
+            raise re.error("RE2's ungreedy flag U has no Python equivalent; write lazy "
+                           "quantifiers (*?, +?) instead")
+        return re.compile(f"(?{m.group(1)}:{pattern[m.end():]})", re.DOTALL)
     return re.compile(f"(?:{pattern})", re.DOTALL)
 
 
