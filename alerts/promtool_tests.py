@@ -615,15 +615,18 @@ class EngineExpectations:
 
 
 def _expectation_config(config: Config, pool: PoolConfig, labels: PoolLabels) -> Config:
-    """``config`` as the engine takes it for the test's fleet. A selector's replicas are not
-    Vigil's targets, and the rules bill each of their samples for ``[collector]
-    scrape_interval`` (PromQL has no median spacing): the engine is told so by taking the
-    test's replicas as targets scraped at that interval."""
-    if labels.selector is None:
-        return config
+    """``config`` as the engine takes it for the test's fleet. Replicas no ``[[targets]]``
+    entry lists (a selector's, or those of a pool without targets) are billed by the rules for
+    ``Config.unlisted_scrape_interval`` (else ``[collector] scrape_interval``) per sample:
+    PromQL has no median spacing. The engine is told so by taking the test's replicas as
+    targets scraped at that interval, not the test's one-minute sample spacing."""
     known = {t.name for t in config.targets}
-    extra = [TargetConfig(name=name, url="http://127.0.0.1:1/metrics", pool=pool.name)
-             for name in labels.replicas if name not in known]
+    interval = config.unlisted_scrape_interval(pool)
+    extra = [TargetConfig(name=name, url="http://127.0.0.1:1/metrics", pool=pool.name,
+                          scrape_interval=interval)
+             for name in (labels.replicas or _replica_names(config, pool)) if name not in known]
+    if not extra:
+        return config
     return config.model_copy(update={"targets": [*config.targets, *extra]})
 
 

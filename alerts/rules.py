@@ -37,7 +37,7 @@ from alerts.promtool_tests import promtool_test_document
 from alerts.rules_alerts import alert_rules
 from alerts.rules_model import Origin, Rule, RuleGroup, RulesOptions, prom_duration
 from alerts.rules_sli import meta_recording_rules, pool_recording_rules, sli_recording_rules
-from alerts.scrape_config import scrape_configs
+from alerts.scrape_config import scrape_configs, scrape_notes
 from slo.burn_rate import burn_windows
 from slo.spec import SloSpec, effective_slos
 from vigil.config import Config
@@ -138,6 +138,7 @@ class RulesResult:
             f"{_HEADER}\nScrape jobs for the configured targets, labelled as Vigil's collector "
             "labels them;\nmerge into prometheus.yml (scrape_configs) and load the two rule "
             "files (rule_files)."
+            + "".join(f"\n{note}" for note in scrape_notes(self.config))
         ))
 
     def files(self) -> dict[str, str]:

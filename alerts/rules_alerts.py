@@ -29,6 +29,15 @@ A pool with a selector (``[[pools]] selector``) is watched through it: ``TargetD
 the cost rules do); ``KvCacheUsageHigh`` per replica as its ``replica_label`` tells them apart,
 and the alerts name the replica by that label.
 
+A pool without a selector whose replicas ``[[discovery]]`` finds (an entry whose ``pool`` is
+the pool's, or "" so that a group's ``pool_label`` names it) is watched the same way, on
+``up{pool="<name>", kind="vllm"}`` and ``kind="dcgm"``, since its targets are unknown until
+run time: for ``N - 1`` scrapes at the longest interval of those entries (``[[pools]]
+scrape_interval`` when set), so that no replica is called down before N of its scrapes
+failed. When the pool also has ``[[targets]]``, it keeps the one rule on the whole pool,
+which covers the discovered replicas too, at the longest interval of the targets and the
+entries (the same rule as without discovery when they all share one).
+
 Every alert carries ``severity``, ``pool`` and the ``model`` label of Vigil's own alerts from
 its ``labels:``; the other series labels (``slo``, ``model_name``, the replica's ``instance``
 or ``replica_label``, a selector's series' own labels) come from the expression.
@@ -58,7 +67,7 @@ from alerts.rules_sli import (
 )
 from slo.burn_rate import SloBurnAlert, slo_burn_alerts
 from slo.spec import SloSpec
-from vigil.config import BurnRateAlert, Config, PoolConfig
+from vigil.config import BurnRateAlert, Config, PoolConfig, TargetConfig
 from vigil.conventions import (
     ALERT_ERROR_BUDGET_BURN,
     ALERT_ERROR_BUDGET_LOW,
@@ -70,6 +79,7 @@ from vigil.conventions import (
     GROUP_POOL_ALERTS,
     GROUP_SLO_ALERTS,
     KIND_DCGM,
+    KIND_VLLM,
     LABEL_INSTANCE,
     LABEL_MODEL,
     LABEL_POOL,
@@ -79,6 +89,7 @@ from vigil.conventions import (
     SERIES_UP,
     SEVERITY_TICKET,
 )
+from vigil.selectors import Selector
 
 __all__ = ["alert_rules", "burn_alert_expr", "severities"]
 
@@ -178,18 +189,24 @@ def _slo_alerts(spec: SloSpec, config: Config) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
-def _selector_target_down(config: Config, pool: PoolConfig) -> list[Rule]:
+def _selector_target_down(config: Config, pool: PoolConfig, interval: float | None = None,
+                          ups: Sequence[Selector] = ()) -> list[Rule]:
     """``TargetDown`` of a pool whose series a Prometheus scrapes itself (see the module
-    docs): one rule on its selectors' ``up``, naming the replica by ``replica_label``."""
-    interval = config.collector.scrape_interval
+    docs): one rule on its selectors' ``up``, naming the replica by ``replica_label``.
+    ``interval`` (seconds; default ``[collector] scrape_interval``) and ``ups`` (default the
+    selectors) serve a pool found by ``[[discovery]]``."""
+    if interval is None:
+        interval = config.collector.scrape_interval
     scrapes = config.alerts.target_down_scrapes
-    ups = [pool_series(pool).promql(SERIES_UP)]
-    if pool.dcgm_selector:
-        ups.append(pool_series(pool, KIND_DCGM).promql(SERIES_UP))
+    if not ups:
+        ups = [pool_series(pool)]
+        if pool.dcgm_selector:
+            ups.append(pool_series(pool, KIND_DCGM))
+    exprs = [up.promql(SERIES_UP) for up in ups]
     replica = replica_label(pool)
     return [Rule(
         alert=ALERT_TARGET_DOWN,
-        expr="\nor\n".join(f"{up} == 0" for up in ups),
+        expr="\nor\n".join(f"{up} == 0" for up in exprs),
         for_s=(scrapes - 1) * interval,
         labels={LABEL_SEVERITY: SEVERITY_TICKET, LABEL_POOL: pool.name, LABEL_MODEL: pool.model},
         annotations={
@@ -206,13 +223,40 @@ def _selector_target_down(config: Config, pool: PoolConfig) -> list[Rule]:
     )]
 
 
+def _discovery_interval(config: Config, pool: PoolConfig) -> float | None:
+    """Seconds between scrapes of the replicas ``[[discovery]]`` finds for ``pool``: its
+    ``scrape_interval`` when set, else the longest of the entries that can name it; ``None``
+    when no entry can."""
+    found = [d.scrape_interval or config.collector.scrape_interval for d in config.discovery
+             if d.pool in (pool.name, "")]
+    if not found:
+        return None
+    return pool.scrape_interval if pool.scrape_interval is not None else max(found)
+
+
 def _target_down(config: Config, pool: PoolConfig) -> list[Rule]:
     if pool.has_selector:
         return _selector_target_down(config, pool)
     targets = [t for t in config.targets if t.pool == pool.name]
+    discovered = _discovery_interval(config, pool)
+    if discovered is None:
+        return _static_target_down(config, pool, targets)
+    if not targets:
+        ups = [pool.series(KIND_VLLM, external=True), pool.series(KIND_DCGM, external=True)]
+        return _selector_target_down(config, pool, discovered, ups)
+    # One rule on the whole pool, which covers the discovered replicas too: at the longest
+    # interval, so that no replica is called down before N of its own scrapes failed.
+    longest = max(discovered, *(config.scrape_interval(t) for t in targets))
+    return _static_target_down(config, pool, targets, longest)
+
+
+def _static_target_down(config: Config, pool: PoolConfig, targets: Sequence[TargetConfig],
+                        shared: float | None = None) -> list[Rule]:
+    """``TargetDown`` of the pool's ``[[targets]]``: one rule on the pool when they share an
+    interval (or ``shared`` gives one, seconds), else one per target."""
     if not targets:
         return []
-    intervals = {config.scrape_interval(t) for t in targets}
+    intervals = {config.scrape_interval(t) for t in targets} if shared is None else {shared}
     scrapes = config.alerts.target_down_scrapes
     # One selector per distinct scrape interval: the whole pool, or each target on its own.
     selections: list[tuple[str, float]]  # (instance or "" for the pool, interval)

@@ -161,6 +161,11 @@ def _prometheus(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     result = generate(config, options)
     for name, reason in result.validated.skipped:
         err.write(f"vigil rules prometheus: skipped SLO {name}: {reason}\n")
+    if operator_options is None and args.out is not None:  # the scrape jobs are written
+        from alerts.scrape_config import scrape_notes
+
+        for note in scrape_notes(config):
+            err.write(f"vigil rules prometheus: {note}\n")
     if operator_options is not None:
         objects = generate_operator(result, operator_options)
         for note in objects.notes:

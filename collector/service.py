@@ -385,9 +385,11 @@ class Collector:
 
     # --- targets that come and go ----------------------------------------------------------
     async def _on_changes(self, changes: TargetChanges) -> None:
-        """Apply a change of the target set: end the vanished, start the new at once."""
+        """Apply a change of the target set: end the vanished (and forget their health), start
+        the new at once."""
         for dt in changes.removed:
             await self._stop_target(dt.name, end_series=True)
+            await self._forget_target(dt.name)
         for dt in changes.changed:
             old = self._targets.get(dt.name)
             same = old is not None and target_info(old).labels() == target_info(
@@ -430,6 +432,16 @@ class Collector:
         self._last_up.pop(name, None)
         if end_series and old is not None:
             log.info("target %s (%s) removed: %d series ended", name, old.url, markers)
+
+    async def _forget_target(self, name: str) -> None:
+        """Drop a vanished target's health record (after its staleness markers), so that the
+        dashboard and ``vigil targets`` stop listing it; its samples stay."""
+        if self._store is None:
+            return
+        try:
+            await self._in_writer(self._store.forget_target, name)
+        except StoreError as exc:  # the next removals must still be applied
+            log.warning("target %s removed, but its health record stays: %s", name, exc)
 
     async def finish(self) -> None:
         """Stop following the target set, then wait for the scrapes under way to finish

@@ -2,7 +2,7 @@
 
 Pure functions over the dict the engine returned: no number is recomputed here, only picked,
 labelled and filtered. ``target_states`` is the one function that asks the source (the ``up``
-series of every configured target).
+series of every target: configured, discovered, or a selector's replica).
 """
 
 from __future__ import annotations
@@ -13,16 +13,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from dashboard.format import duration, percent, seconds
-from slo.source import Source
+from slo.embedded import EmbeddedSource
+from slo.source import Source, is_external, matchers_of
 from vigil.config import Config
 from vigil.conventions import (
     ENDPOINT_ALL,
     INDICATOR_REPLICA_UP,
+    KIND_DCGM,
+    KIND_VLLM,
     LABEL_INSTANCE,
+    LABEL_KIND,
+    LABEL_POOL,
     SERIES_UP,
     SEVERITY_PAGE,
     SEVERITY_TICKET,
+    TARGET_KINDS,
 )
+from vigil.model import TargetHealth
 
 __all__ = [
     "STATE_NO_DATA",
@@ -120,9 +127,10 @@ def scaling_view(scaling: Mapping[str, Any] | None, now_s: float) -> ScalingView
 
 @dataclass(frozen=True)
 class TargetState:
-    """One configured target at the evaluation time: ``state`` is ``"up"``, ``"down"`` (its
-    latest ``up`` sample is 0) or ``"no data"`` (no ``up`` sample within the lookback: never
-    scraped, or the collector is not running)."""
+    """One target at the evaluation time: ``state`` is ``"up"``, ``"down"`` (its latest
+    ``up`` sample is 0) or ``"no data"`` (no ``up`` sample within the lookback: never
+    scraped, or the collector is not running). ``url`` is "" where the source does not know
+    it (a selector's replica in a Prometheus, a discovered target there)."""
 
     name: str
     pool: str
@@ -131,18 +139,75 @@ class TargetState:
     state: str
 
 
+def _state(value: float | None) -> str:
+    return STATE_NO_DATA if value is None else ("up" if value == 1.0 else "down")
+
+
+def _keep_min(into: dict[Any, float], key: Any, value: float) -> None:
+    # Several series for one replica (e.g. two jobs): it is down when any says so.
+    if not math.isnan(value):
+        into[key] = min(value, into.get(key, value))
+
+
+def _selected(config: Config) -> set[tuple[str, str]]:
+    """``(pool, kind)`` whose series a Prometheus chooses by the pool's selector."""
+    return {(p.name, kind) for p in config.pools
+            for kind, text in ((KIND_VLLM, p.selector), (KIND_DCGM, p.dcgm_selector)) if text}
+
+
+def _health(source: Source) -> list[TargetHealth]:
+    """The collector's record of each target's last scrape (the embedded store only)."""
+    return source.store.target_health() if isinstance(source, EmbeddedSource) else []
+
+
 def target_states(config: Config, source: Source, at_s: float) -> list[TargetState]:
-    """Every configured target's state from the ``up`` series (one instant query)."""
+    """Every target's state from the ``up`` series at ``at_s`` (Unix seconds): the configured
+    targets (by ``instance``, config order), then per pool (config order) by kind and name:
+
+    * the targets ``[[discovery]]`` found: the other ``instance`` values of the pool's ``up``
+      (Vigil's labels; in the embedded store also those the collector has a record of, with
+      their URL, "no data" when silent);
+    * in a Prometheus (``source.external``), the replicas of a pool with a ``selector`` (and
+      ``dcgm_selector``), named by its ``replica_label``, from the ``up`` series the selector
+      chooses; the configured targets of that kind of such a pool are left out, since
+      Prometheus scrapes them under the team's labels instead.
+    """
+    selected = _selected(config) if is_external(source) else set()
+    static = {t.name for t in config.targets}
+    pools = [p.name for p in config.pools]
     latest: dict[str, float] = {}
+    found: dict[tuple[str, str, str], float] = {}  # (pool, kind, name) -> latest up
     for labels, value in source.instant(SERIES_UP, {}, at_s).items():
-        name = dict(labels).get(LABEL_INSTANCE, "")
-        if name and not math.isnan(value):
-            latest[name] = min(value, latest.get(name, value))
-    out = []
-    for t in config.targets:
-        v = latest.get(t.name)
-        state = STATE_NO_DATA if v is None else ("up" if v == 1.0 else "down")
-        out.append(TargetState(t.name, t.pool, t.kind, t.url, state))
+        d = dict(labels)
+        name = d.get(LABEL_INSTANCE, "")
+        if not name:
+            continue
+        _keep_min(latest, name, value)
+        pool, kind = d.get(LABEL_POOL, ""), d.get(LABEL_KIND, "")
+        if (name not in static and pool in pools and kind in TARGET_KINDS
+                and (pool, kind) not in selected):
+            _keep_min(found, (pool, kind, name), value)
+    for p in config.pools:
+        replica = p.replica_label_for(external=True)
+        for kind in (KIND_VLLM, KIND_DCGM):
+            if (p.name, kind) not in selected:
+                continue
+            up = source.instant(SERIES_UP, matchers_of(p.series(kind, external=True)), at_s)
+            for labels, value in up.items():
+                d = dict(labels)
+                name = d.get(replica) or d.get(LABEL_INSTANCE, "")
+                if name:
+                    _keep_min(found, (p.name, kind, name), value)
+    urls: dict[tuple[str, str, str], str] = {}
+    for h in _health(source):
+        if h.target not in static and h.pool in pools:
+            urls[(h.pool, h.kind, h.target)] = h.url
+    out = [TargetState(t.name, t.pool, t.kind, t.url, _state(latest.get(t.name)))
+           for t in config.targets if (t.pool, t.kind) not in selected]
+    order = {name: i for i, name in enumerate(pools)}
+    for key in sorted({*found, *urls}, key=lambda k: (order[k[0]], k[1] != KIND_VLLM, k[2])):
+        pool, kind, name = key
+        out.append(TargetState(name, pool, kind, urls.get(key, ""), _state(found.get(key))))
     return out
 
 

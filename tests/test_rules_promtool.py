@@ -45,6 +45,16 @@ CONFIGS: dict[str, tuple[Config, RulesOptions]] = {
     # A minute-multiple interval: the evaluation time falls on the sample grid.
     "defaults-1m": (parse_config(DEFAULTS), RulesOptions(interval_s=60.0)),
     "empty": (parse_config({}), RulesOptions()),
+    # Pools no [[targets]] entry lists: one found by [[discovery]] at its own interval, one
+    # whose series only a PodMonitor brings. Their replicas are billed at the interval the
+    # cost rule uses, not at the test's one-minute sample spacing.
+    "unlisted-replicas": (parse_config({
+        **DEFAULTS,
+        "pools": [*DEFAULTS["pools"], {"name": "found", "model": "m"},
+                  {"name": "lone", "model": "m", "scrape_interval": "20s"}],
+        "discovery": [{"name": "k8s", "files": ["/tmp/none.json"], "pool": "found",
+                       "scrape_interval": "30s"}],
+    }), RulesOptions()),
 }
 
 

@@ -23,8 +23,8 @@ def test_public_names() -> None:
 def test_store_methods() -> None:
     public = {n for n in dir(Store) if not n.startswith("_")}
     assert public == {
-        "close", "compact", "counter_windows", "downsampled_before_ms", "frame",
-        "gauge_windows", "last_points",
+        "close", "compact", "counter_windows", "downsampled_before_ms", "forget_target",
+        "frame", "gauge_windows", "last_points",
         "metric_names", "open_readonly", "points", "series", "set_target_health",
         "target_health", "transaction", "write",
     }

@@ -215,6 +215,14 @@ class WriteHead:
                  float(h.duration), int(h.samples), h.error),
             )
 
+    def forget_target(self, name: str) -> bool:
+        """``Store.forget_target``: drop a target's health record; whether there was one."""
+        db = self._db
+        db.require_writable("forget a target")
+        with self.transaction() as conn, db.errors_as(f"forget target {name!r}"):
+            cur = conn.execute("DELETE FROM target_health WHERE target = ?", (name,))
+        return cur.rowcount > 0
+
     # --- moving ----------------------------------------------------------------------------
     def move(self, cut_ms: int, doing: str) -> int:
         """Move head samples with ts < ``cut_ms`` (Unix ms) to ``samples``, a chunk of series

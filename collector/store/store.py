@@ -134,6 +134,12 @@ class Store:
         """Record a target's latest scrape (replacing the previous record)."""
         self._head.set_target_health(h)
 
+    def forget_target(self, name: str) -> bool:
+        """Drop the health record of the target ``name`` (one that is no longer scraped), so
+        that ``target_health()`` stops listing it; its samples stay. Returns whether there
+        was a record. Part of the caller's ``transaction()`` when inside one."""
+        return self._head.forget_target(name)
+
     # --- reading ---------------------------------------------------------------------------
     def target_health(self) -> list[TargetHealth]:
         """Every target's latest scrape, sorted by target name."""

@@ -32,7 +32,7 @@ def _targets(at_s: float) -> None:
     """Tell what to do when targets are missing, down or silent (embedded store only: with
     Prometheus, its own targets page says it)."""
     cfg = ctx.config
-    if not cfg.targets:
+    if not cfg.targets and not cfg.discovery:
         st.info(f"**No targets are configured.** Add a `[[targets]]` entry per vLLM server "
                 f"(its `/metrics` URL and pool) to `{ctx.path}`, then run "
                 f"`vigil serve --config {ctx.path}`. See `vigil.example.toml`.",
