@@ -223,6 +223,10 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
         ("vllm-serve", "run `vllm serve` for a pool (needs the vllm extra and a GPU)",
          "serving.vllm_launch", _run_module("serving.vllm_launch")),
         ("dashboard", "the Streamlit dashboard", "dashboard.cli", _run_module("dashboard.cli")),
+        ("capacity", "the highest load a replica serves within its SLOs, measured",
+         "vigil_shell.capacity_cli", _run_module("vigil_shell.capacity_cli")),
+        ("plan", "the cheapest configuration that meets the SLOs for the traffic",
+         "vigil_shell.plan_cli", _run_module("vigil_shell.plan_cli")),
     ]
     for name, help_text, module, func in lazy:
         p = sub.add_parser(name, help=help_text)
