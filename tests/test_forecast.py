@@ -1,0 +1,125 @@
+"""The traffic forecast: a store history with a known daily shape and trend folds into that
+shape, scaled to the next day's projected mean."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from collector.store import Store
+from slo.embedded import EmbeddedSource
+from slo.forecast import (
+    SECONDS_PER_DAY,
+    TrafficForecast,
+    constant_traffic,
+    forecast_from_history,
+)
+from vigil.config import parse_config
+from vigil.model import SeriesKey, labels_of
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+#: Midnight UTC, so that the 24-hour periods before it are calendar days.
+AT = 20776 * SECONDS_PER_DAY
+SAMPLE_S = 300
+CONFIG = parse_config({
+    "pools": [{"name": "chat", "model": MODEL}],
+    "capacity": {"plan_step": "1h"},
+})
+POOL = CONFIG.pools[0]
+
+
+def base_rate(hour: int) -> float:
+    """Requests/s at each hour of the day: a night trough, a morning ramp, an afternoon peak."""
+    return 2.0 if hour < 6 else 4.0 + hour if hour < 18 else 6.0
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(tmp_path / "vigil.db")
+    yield s
+    s.close()
+
+
+def write_history(store: Store, days: int, rate: Callable[[int, int], float],
+                  skip: Callable[[float], bool] = lambda _t: False) -> None:
+    """``vllm:request_success_total`` of one replica every ``SAMPLE_S`` over ``days`` days
+    before ``AT``, growing at ``rate(day, hour)`` requests/s."""
+    key = SeriesKey("vllm:request_success_total", labels_of({
+        "pool": "chat", "kind": "vllm", "instance": "chat-0", "model_name": MODEL,
+        "finished_reason": "stop"}))
+    start = AT - days * SECONDS_PER_DAY
+    value = 1e6  # far from 0: no extrapolation towards a counter start
+    rows = []
+    n = int(days * SECONDS_PER_DAY // SAMPLE_S)
+    for k in range(n + 1):
+        t = start + k * SAMPLE_S
+        if k:
+            # The increment since the previous sample belongs to the step it ends in.
+            t0 = t - SAMPLE_S
+            day = int((t0 - start) // SECONDS_PER_DAY)
+            hour = int((t0 % SECONDS_PER_DAY) // 3600)
+            value += rate(day, hour) * SAMPLE_S
+        if not skip(t):
+            rows.append((key, "counter", round(t * 1000), value))
+    store.write(rows)
+
+
+def test_history_with_daily_shape_and_trend_projects_the_next_day(store: Store) -> None:
+    # 10 % growth per day: daily means B, 1.1 B, 1.2 B -> the next day 1.3 B.
+    write_history(store, 3, lambda day, hour: base_rate(hour) * (1 + 0.1 * day))
+    f = forecast_from_history(EmbeddedSource(store), CONFIG, POOL, AT, days=3)
+    assert f.basis == "observed"
+    assert f.days == 3
+    assert f.net_of_cache
+    assert f.step_s == 3600
+    assert len(f.profile) == 24
+    for hour in range(24):
+        assert f.profile[hour] == pytest.approx(base_rate(hour) * 1.3, rel=1e-6), hour
+    mean = sum(base_rate(h) for h in range(24)) / 24
+    assert f.trend_per_day == pytest.approx(0.1 * mean, rel=1e-6)
+    assert "3 day(s)" in f.notes[0]
+    assert f.rate_at(AT + 15 * 3600 + 10) == pytest.approx(base_rate(15) * 1.3, rel=1e-6)
+
+
+def test_fewer_days_held_than_asked_says_so_and_one_day_has_no_trend(store: Store) -> None:
+    write_history(store, 1, lambda _day, hour: base_rate(hour))
+    f = forecast_from_history(EmbeddedSource(store), CONFIG, POOL, AT, days=4)
+    assert f.days == 1
+    assert f.trend_per_day == 0.0
+    assert f.profile == pytest.approx(tuple(base_rate(h) for h in range(24)), rel=1e-6)
+    assert any("no trend" in n for n in f.notes)
+    assert "asked for 4" in f.notes[0]
+
+
+def test_a_step_of_the_day_never_seen_is_interpolated(store: Store) -> None:
+    # Two days; the hour 10:00-11:00 (and the sample closing it) missing on both.
+    def gap(t: float) -> bool:
+        return 10 * 3600 < t % SECONDS_PER_DAY <= 11 * 3600
+
+    write_history(store, 2, lambda _day, _hour: 5.0, skip=gap)
+    f = forecast_from_history(EmbeddedSource(store), CONFIG, POOL, AT, days=2)
+    assert f.profile == pytest.approx((5.0,) * 24, rel=1e-6)
+    assert any("interpolated" in n for n in f.notes)
+
+
+def test_no_history_is_an_error(store: Store) -> None:
+    with pytest.raises(ValueError, match="no requests of pool 'chat'"):
+        forecast_from_history(EmbeddedSource(store), CONFIG, POOL, AT, days=2)
+
+
+def test_constant_traffic_and_the_day_curve() -> None:
+    f = constant_traffic(12.5)
+    assert f.basis == "measured"
+    assert f.requests_per_day() == pytest.approx(12.5 * SECONDS_PER_DAY)
+    assert f.day_curve(6 * 3600) == [(h * 3600.0, 12.5) for h in (0, 6, 12, 18)]
+
+
+def test_a_coarser_curve_is_the_mean_of_the_steps_it_covers() -> None:
+    f = TrafficForecast(profile=(1.0, 3.0, 5.0, 7.0), step_s=6 * 3600, basis="observed")
+    assert f.day_curve(12 * 3600) == [(0.0, 2.0), (43200.0, 6.0)]
+    assert f.day_curve(3 * 3600)[2:4] == [(21600.0, 3.0), (32400.0, 3.0)]
+    assert f.peak_rps() == 7.0
+    with pytest.raises(ValueError, match="do not make a day"):
+        TrafficForecast(profile=(1.0, 2.0), step_s=3600, basis="observed")
