@@ -19,6 +19,7 @@ from dashboard.controls import parse_at, render_controls
 from vigil.conventions import (
     PAGE_ANOMALIES,
     PAGE_BUSINESS,
+    PAGE_PLAN,
     PAGE_QUALITY,
     PAGE_SERVER,
     QP_AT,
@@ -70,6 +71,7 @@ def main() -> None:
         st.Page(VIEWS / "server.py", title="Server", url_path=PAGE_SERVER),
         st.Page(VIEWS / "business.py", title="Business", url_path=PAGE_BUSINESS),
         st.Page(VIEWS / "anomalies.py", title="Anomalies", url_path=PAGE_ANOMALIES),
+        st.Page(VIEWS / "plan.py", title="Plan", url_path=PAGE_PLAN),
     ]
     st.navigation(pages, position="top").run()
 

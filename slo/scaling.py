@@ -11,13 +11,17 @@ The policy (every number from ``ScalingConfig``; see ``docs/scaling.md``):
   every sample of the last ``scale_in_hold`` (10 min), with the data covering that whole span.
   A projection never causes a scale-in.
 * **Cooldown:** no new decision within ``cooldown`` (5 min) of a scale-out.
+* **Capacity** (optional, ``CapacitySizing`` from a saved capacity profile): a scale-out is
+  sized by the request rate instead, ``clamp(max(current + 1, ceil(projected rate /
+  rps_per_replica)), min, max)``, and a scale-in never goes below ``ceil(rate now /
+  rps_per_replica)``. The triggers stay the same.
 
 Everything here is pure: the signals come in as timelines, the time as ``now`` and the last
 scale-out as a timestamp, so a test (or a replay of history) gets the same answer every time.
 ``slo.signals`` turns a ``Source`` into these inputs.
 
 Units: times are Unix seconds, durations seconds, KV-cache usage a ratio 0-1, queue length a
-number of requests, TTFT seconds.
+number of requests, TTFT seconds, request rates requests per second.
 """
 
 from __future__ import annotations
@@ -27,20 +31,25 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from vigil.capacity import CapacityProfile
 from vigil.config import PoolConfig, ScalingConfig
 from vigil.durations import format_duration
 
 __all__ = [
     "DEFAULT_FIT_WINDOW_S",
     "DEFAULT_MAX_AGE_S",
+    "SIGNAL_CAPACITY",
+    "SIGNAL_CAPACITY_FLOOR",
     "SIGNAL_COOLDOWN",
     "SIGNAL_KV",
     "SIGNAL_MAX_REPLICAS",
     "SIGNAL_MIN_REPLICAS",
     "SIGNAL_QUEUE",
+    "SIGNAL_REQUEST_RATE",
     "SIGNAL_SCALE_IN_HOLD",
     "SIGNAL_TTFT",
     "Action",
+    "CapacitySizing",
     "Reason",
     "Recommendation",
     "Timeline",
@@ -62,11 +71,18 @@ SIGNAL_QUEUE = "queue_length"
 #: The TTFT at ``ScalingConfig.scale_out_ttft_quantile``; the key keeps its name (p95 is the
 #: default) so that status consumers need not follow the setting.
 SIGNAL_TTFT = "ttft_p95_seconds"
+#: The pool's request rate (requests/s); a key of ``Recommendation.signals`` only when the
+#: recommendation was sized by capacity.
+SIGNAL_REQUEST_RATE = "request_rate"
 # Pseudo-signals: reasons that are about the decision, not the load.
 SIGNAL_COOLDOWN = "cooldown"
 SIGNAL_MAX_REPLICAS = "max_replicas"
 SIGNAL_MIN_REPLICAS = "min_replicas"
 SIGNAL_SCALE_IN_HOLD = "scale_in_hold"
+#: A scale-out sized by the request rate and a capacity profile.
+SIGNAL_CAPACITY = "capacity"
+#: A scale-in stopped at the replicas the current request rate needs.
+SIGNAL_CAPACITY_FLOOR = "capacity_floor"
 
 #: Least-squares fit window (seconds) when the spin-up time is shorter: five minutes of
 #: 15-second samples (21 points) is enough to tell a trend from scrape-to-scrape noise.
@@ -93,6 +109,45 @@ def fit_window_for(scaling: ScalingConfig) -> float:
     return max(DEFAULT_FIT_WINDOW_S, float(scaling.spinup))
 
 
+@dataclass(frozen=True)
+class CapacitySizing:
+    """What one replica serves within the SLOs, from a capacity profile.
+
+    ``rps_per_replica``: requests per second one replica serves while meeting every latency
+    SLO (the profile's ``max_goodput_rps``); ``basis``: how that is known (``"measured"``,
+    ``"observed"`` or ``"estimated"``); ``source``: which profile (its key, or where it came
+    from), for the reasons and the status.
+    """
+
+    rps_per_replica: float
+    basis: str
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.rps_per_replica) and self.rps_per_replica > 0):
+            raise ValueError(f"rps_per_replica must be > 0 requests/s, not "
+                             f"{self.rps_per_replica!r}")
+
+    @classmethod
+    def from_profile(cls, profile: CapacityProfile | None) -> CapacitySizing | None:
+        """The sizing of a saved capacity profile (its ``max_goodput_rps``, basis and key);
+        None without one, or for one that serves nothing within its SLOs (its search found
+        no passing level: it cannot size a pool, the proportional rule does)."""
+        if profile is None or not profile.max_goodput_rps > 0:
+            return None
+        return cls(profile.max_goodput_rps, profile.basis, profile.key)
+
+    def replicas_for(self, rps: float) -> int:
+        """``ceil(rps / rps_per_replica)``: replicas that serve ``rps`` requests/s (rounded
+        to 9 decimals first, so that float noise does not add a replica)."""
+        return max(0, math.ceil(round(rps / self.rps_per_replica, _CEIL_DECIMALS)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        return {"rps_per_replica": self.rps_per_replica, "basis": self.basis,
+                "source": self.source}
+
+
 class Trend(NamedTuple):
     """A least-squares line through a timeline: ``value(t) = at_now + slope_per_s × (t - now)``."""
 
@@ -106,12 +161,15 @@ class Reason:
 
     ``signal`` is a ``SIGNAL_*`` name; ``value`` the observed value (for scale-in: the largest
     value in the hold window; for the cooldown: seconds since the scale-out; for the replica
-    bounds: the current replica count); ``threshold`` what it was compared with;
-    ``comparison`` the operator that held (``">"``, ``"<"``, ``"<="``, ``">="``);
+    bounds: the current replica count; for a capacity reason: the request rate now);
+    ``threshold`` what it was compared with (for a capacity reason: requests/s per replica);
+    ``comparison`` the operator that held (``">"``, ``"<"``, ``"<="``, ``">="``; ``"/"`` for
+    a capacity reason, a division);
     ``projected`` the least-squares projection ``horizon_s`` ahead (None when no projection is
     involved). ``trend_per_s`` is the fitted slope (units per second), ``window_s`` the span a
     held condition covers (seconds). ``quantile`` (ratio 0-1) is the TTFT quantile compared,
-    named in ``text`` (``"TTFT p95"``).
+    named in ``text`` (``"TTFT p95"``). ``basis`` (capacity reasons only) is the capacity
+    profile's basis and ``replicas`` the replica count the rate needs.
     """
 
     signal: str
@@ -123,6 +181,8 @@ class Reason:
     horizon_s: float | None = None
     window_s: float | None = None
     quantile: float | None = None
+    basis: str | None = None
+    replicas: int | None = None
 
     @property
     def text(self) -> str:
@@ -141,6 +201,15 @@ class Reason:
                 f"{at} {self.signal}: {_count(self.value)} replicas {self.comparison} "
                 f"{_count(self.threshold)}"
             )
+        if self.signal in (SIGNAL_CAPACITY, SIGNAL_CAPACITY_FLOOR):
+            when, rate = ("projected", self.projected) if self.projected is not None else (
+                "now", self.value)
+            text = (f"sized by capacity: {_rps(rate)} req/s {when} / "
+                    f"{_rps(self.threshold)} req/s per replica ({self.basis}) = "
+                    f"{self.replicas}")
+            if self.signal == SIGNAL_CAPACITY_FLOOR:
+                text += ", no scale-in below it"
+            return text
         if self.signal == SIGNAL_SCALE_IN_HOLD:
             return (
                 f"scale-in conditions held for {format_duration(self.value)} "
@@ -169,8 +238,9 @@ class Reason:
                 f"(trend {slope}/min; now {value})")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields plus ``text``."""
-        return {
+        """JSON-ready fields plus ``text`` (``basis`` and ``replicas`` on capacity reasons
+        only)."""
+        out: dict[str, Any] = {
             "signal": self.signal,
             "value": self.value,
             "threshold": self.threshold,
@@ -179,8 +249,12 @@ class Reason:
             "trend_per_s": self.trend_per_s,
             "horizon_s": self.horizon_s,
             "window_s": self.window_s,
-            "text": self.text,
         }
+        if self.basis is not None:
+            out["basis"] = self.basis
+            out["replicas"] = self.replicas
+        out["text"] = self.text
+        return out
 
 
 @dataclass(frozen=True)
@@ -193,8 +267,9 @@ class Recommendation:
     cooldown, the end of the cooldown inside it. ``signals`` holds the current value of each
     signal (None when missing): ``kv_cache_usage`` (ratio 0-1, mean over replicas),
     ``queue_length`` (requests, sum over replicas), ``ttft_p95_seconds`` (the TTFT at
-    ``scale_out_ttft_quantile``, seconds); ``slo.signals`` adds
-    ``kv_cache_usage_max`` (the busiest replica, for display only).
+    ``scale_out_ttft_quantile``, seconds), and ``request_rate`` (requests/s) when sized by
+    capacity; ``slo.signals`` adds ``kv_cache_usage_max`` (the busiest replica, for display
+    only). ``capacity`` is the sizing used (None without a capacity profile).
     """
 
     pool: str
@@ -204,10 +279,12 @@ class Recommendation:
     reasons: list[Reason]
     next_decision_at: float | None
     signals: dict[str, float | None] = field(default_factory=dict)
+    capacity: CapacitySizing | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``reasons`` as text, ``reason_details`` with the numbers."""
-        return {
+        """JSON-ready: ``reasons`` as text, ``reason_details`` with the numbers; ``capacity``
+        only when the recommendation was sized by capacity."""
+        out: dict[str, Any] = {
             "pool": self.pool,
             "current": self.current,
             "desired": self.desired,
@@ -217,6 +294,9 @@ class Recommendation:
             "next_decision_at": self.next_decision_at,
             "signals": dict(self.signals),
         }
+        if self.capacity is not None:
+            out["capacity"] = self.capacity.to_dict()
+        return out
 
 
 # --- small helpers ------------------------------------------------------------------------
@@ -236,6 +316,11 @@ def _fmt(signal: str, x: float) -> str:
         # Whole requests; a fraction only for a small projected or averaged value.
         return str(round(x)) if abs(x) >= 10 or abs(x - round(x)) < 0.05 else f"{x:.1f}"
     return f"{x:g}"
+
+
+def _rps(x: float) -> str:
+    """A request rate: one decimal (``14.2``), two significant digits below 1 (``0.35``)."""
+    return f"{x:.1f}" if abs(x) >= 1 or x == 0 else f"{x:.2g}"
 
 
 def _per_min(slope_per_s: float) -> str:
@@ -337,6 +422,24 @@ def _desired_out(current: int, ratio: float | None, pool: PoolConfig) -> int:
     return min(max(target, pool.min_replicas), pool.max_replicas)
 
 
+def _capacity_reason(capacity: CapacitySizing, rate_pts: Timeline, rate_now: float,
+                     now: float, fit_window_s: float, spinup_s: float) -> Reason:
+    """The capacity sizing of a scale-out: the rate to serve is the larger of now and the
+    rising least-squares projection over the spin-up time (the new replicas face that one)."""
+    fitted = trend(rate_pts, now, fit_window_s)
+    projected = slope = None
+    rate = rate_now
+    if fitted is not None and fitted.slope_per_s > 0:
+        p = fitted.at_now + fitted.slope_per_s * spinup_s
+        if p > rate_now:
+            projected, slope, rate = p, fitted.slope_per_s, p
+    return Reason(
+        SIGNAL_CAPACITY, rate_now, capacity.rps_per_replica, projected, "/",
+        trend_per_s=slope, horizon_s=None if projected is None else spinup_s,
+        basis=capacity.basis, replicas=capacity.replicas_for(rate),
+    )
+
+
 def _action(current: int, desired: int) -> Action:
     if desired > current:
         return "scale_out"
@@ -362,6 +465,8 @@ def decide(
     last_scale_in_at: float | None = None,
     fit_window_s: float | None = None,
     max_age_s: float = DEFAULT_MAX_AGE_S,
+    request_rate: Timeline | None = None,
+    capacity: CapacitySizing | None = None,
 ) -> Recommendation:
     """The scaling policy for one pool at ``now`` (Unix seconds).
 
@@ -376,6 +481,13 @@ def decide(
     removes one replica rather than one per evaluation. ``fit_window_s`` defaults to
     ``fit_window_for(scaling)``; a signal whose newest sample is older than ``max_age_s`` is
     missing, and a scale-in hold may not contain a gap longer than that.
+
+    ``capacity`` (optional) sizes by the request rate: ``request_rate`` is the pool's rate of
+    successful requests (requests/s, a timeline like the others). A scale-out then asks for
+    ``max(current + 1, ceil(rate / capacity.rps_per_replica))`` replicas, the rate being the
+    larger of now and its least-squares projection over the spin-up time; a scale-in never
+    goes below ``ceil(rate now / rps_per_replica)``. Without a fresh rate sample the
+    proportional rule sizes as before. Without ``capacity`` the result is what it always was.
 
     Order of precedence: replica bounds (a count outside ``[min_replicas, max_replicas]`` is
     brought back inside, cooldown or not), then the cooldown, then scale-out, then scale-in.
@@ -402,6 +514,10 @@ def decide(
                 float(scaling.scale_out_ttft_ratio) * ttft_threshold_s),
     ]
     values = {s.name: latest(s.timeline, now, max_age_s) for s in signals}
+    rate_pts = _clean(request_rate, now) if capacity is not None else []
+    rate_now = latest(rate_pts, now, max_age_s)
+    if capacity is not None:
+        values[SIGNAL_REQUEST_RATE] = rate_now
 
     # Scale-out triggers: the current value, or the projection of a *rising* trend (a falling
     # line that is still over the threshold at now+spinup says the latest sample dropped
@@ -451,16 +567,31 @@ def decide(
         return Recommendation(
             pool=pool.name, current=current, desired=desired,
             action=_action(current, desired), reasons=reasons,
-            next_decision_at=next_at, signals=dict(values),
+            next_decision_at=next_at, signals=dict(values), capacity=capacity,
         )
+
+    sizing = (None if capacity is None or rate_now is None
+              else _capacity_reason(capacity, rate_pts, rate_now, now, fit_window, spinup))
+
+    def size_out() -> tuple[int, list[Reason]]:
+        """The scale-out target and the reasons that say how it was sized."""
+        if sizing is None:
+            return _desired_out(current, worst, pool), []
+        needed = sizing.replicas or 0
+        desired = min(max(current + 1, needed, lo), hi)
+        extra = [sizing]
+        if needed > hi and desired > current:
+            extra.append(Reason(SIGNAL_MAX_REPLICAS, float(needed), float(hi), None, ">"))
+        return desired, extra
 
     # 1. Bounds: the configured floor and ceiling are not load decisions; they hold always.
     if current < lo:
         desired = lo
         reasons = [Reason(SIGNAL_MIN_REPLICAS, float(current), float(lo), None, "<")]
         if triggers and not in_cooldown:
-            desired = max(lo, _desired_out(current, worst, pool))
-            reasons += triggers
+            out, sized_by = size_out()
+            desired = max(lo, out)
+            reasons += [*triggers, *sized_by]
         return result(desired, reasons)
     if current > hi:
         return result(hi, [Reason(SIGNAL_MAX_REPLICAS, float(current), float(hi), None, ">")])
@@ -471,11 +602,11 @@ def decide(
 
     # 3. Scale out on ANY trigger.
     if triggers:
-        desired = _desired_out(current, worst, pool)
+        desired, sized_by = size_out()
         if desired <= current:  # current == max_replicas
             at_max = Reason(SIGNAL_MAX_REPLICAS, float(current), float(hi), None, ">=")
             return result(current, [*triggers, at_max])
-        return result(desired, triggers)
+        return result(desired, [*triggers, *sized_by])
 
     # 4. Scale in only when ALL conditions held for the whole hold span, on samples (never on
     #    a projection), and since the last scale-in.
@@ -502,6 +633,14 @@ def decide(
     if current <= lo:
         return result(current, [*low, Reason(SIGNAL_MIN_REPLICAS, float(current), float(lo),
                                              None, "<=")])
+    if capacity is not None and rate_now is not None:
+        floor = capacity.replicas_for(rate_now)
+        if current - 1 < floor:
+            # Low KV usage and an empty queue can hide a rate the survivors would not serve
+            # within the SLOs (short prompts, short answers): the profile says how many do.
+            return result(current, [*low, Reason(
+                SIGNAL_CAPACITY_FLOOR, rate_now, capacity.rps_per_replica, None, "/",
+                basis=capacity.basis, replicas=floor)])
     # One replica at a time: the hold was measured with `current` replicas; after removing
     # one, the survivors carry its share, and the next step needs a fresh 10-minute hold.
     return result(current - 1, low)

@@ -21,6 +21,10 @@ where ``instance`` does below — ``slo.sli.pool_series``):
   window``. We ask the source for the bucket *increase*; the quantile is the
   same because ``rate`` divides every bucket by the same window length and
   ``histogram_quantile`` only uses ratios of bucket counts.
+* **Request rate** (requests/s), sampled only to size by a capacity profile, is
+  ``sum(rate(vllm:request_success_total{pool="p",kind="vllm"}[1m]))``: every finished request
+  whatever its ``finished_reason``. The window is ``rate_window_for(step_s)``, at least four
+  samples, and short, so that the trend fitted through it follows a ramp closely.
 
 Each signal is sampled at a fixed step (default 15 s, the default scrape interval) ending at
 ``at_s``: KV-cache usage and queue length over ``max(scale_in_hold, fit window)`` (10 min by
@@ -28,7 +32,8 @@ default: 41 instant queries each), TTFT over the fit window only (5 min: 21 buck
 queries), since TTFT takes no part in scale-in. The cost per pool and evaluation is therefore
 about ``2 × 41 + 21 = 103`` queries, each touching every replica's series (``steps ×
 replicas`` series reads; the TTFT queries read each replica's ~20 bucket series over the
-5-minute window). A larger ``step_s`` makes it cheaper and blinder to short spikes.
+5-minute window). A larger ``step_s`` makes it cheaper and blinder to short spikes. With a
+capacity profile, the request rate adds 21 ``increase`` queries over the fit window.
 
 The replica count and the cooldown come from ``up`` (the collector's scrape health series), so
 that the cooldown follows real scale-outs without Vigil keeping any state: a scale-out is a
@@ -39,12 +44,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from slo.lookup import LOOKBACK_DELTA_S, Semantics, duration_ms, eval_time_ms, semantics_of
 from slo.quantile import histogram_quantile
 from slo.scaling import (
+    CapacitySizing,
     Recommendation,
     Timeline,
     decide,
@@ -54,13 +60,14 @@ from slo.scaling import (
 from slo.sli import pool_series, replica_label
 from slo.source import Matchers, Source
 from vigil.config import Config, PoolConfig, ScalingConfig
-from vigil.conventions import SERIES_UP
+from vigil.conventions import SERIES_UP, VLLM_REQUEST_SUCCESS
 from vigil.model import Labels
 
 __all__ = [
     "DEFAULT_STEP_S",
     "KV_METRIC",
     "QUEUE_METRIC",
+    "REQUEST_METRIC",
     "TTFT_METRIC",
     "PoolSignals",
     "ReplicaChange",
@@ -72,8 +79,10 @@ __all__ = [
     "pool_matchers",
     "pool_signals",
     "queue_length_at",
+    "rate_window_for",
     "recommend_for_pool",
     "replica_changes",
+    "request_rate_at",
     "sample_times",
     "ttft_quantile_at",
     "ttft_threshold_for",
@@ -83,6 +92,8 @@ KV_METRIC = "vllm:kv_cache_usage_perc"
 QUEUE_METRIC = "vllm:num_requests_waiting"
 #: The histogram's base name; the source adds ``_bucket``.
 TTFT_METRIC = "vllm:time_to_first_token_seconds"
+#: The counter of finished requests the request rate is the rate of.
+REQUEST_METRIC = VLLM_REQUEST_SUCCESS
 #: Seconds between samples of a signal timeline: the default scrape interval.
 DEFAULT_STEP_S = 15.0
 #: Seconds after a pool's first sample during which targets coming up are the collector
@@ -116,6 +127,26 @@ def _replica(labels: Labels, label: str) -> str:
         if k == label:
             return v
     return ""
+
+
+def rate_window_for(step_s: float) -> float:
+    """The request-rate window (seconds): 1 minute, or 4 samples when they are further
+    apart (a rate over fewer samples jumps with every scrape's jitter)."""
+    return max(60.0, 4.0 * float(step_s))
+
+
+def request_rate_at(source: Source, pool: PoolConfig, at_s: float, window_s: float = 60.0
+                    ) -> float | None:
+    """The pool's rate of finished requests (requests/s) over the ``window_s`` seconds
+    before ``at_s``: ``sum(rate(vllm:request_success_total{pool}[window]))``. None when no
+    replica has two samples in the window (PromQL's empty result)."""
+    if not (math.isfinite(window_s) and window_s > 0):
+        raise ValueError(f"window_s must be > 0 seconds, not {window_s!r}")
+    value = source.increase(REQUEST_METRIC, pool_matchers(pool, source), at_s, window_s,
+                            by=()).get(())
+    if value is None or not math.isfinite(value):
+        return None
+    return value / window_s
 
 
 def kv_usage_at(source: Source, pool: PoolConfig, at_s: float) -> tuple[float, float] | None:
@@ -183,13 +214,15 @@ class PoolSignals:
 
     ``kv_mean`` and ``kv_max`` are KV-cache usage (ratio 0-1, mean and max over replicas),
     ``queue`` waiting requests (sum over replicas), ``ttft_p95`` the TTFT at ``[scaling]
-    scale_out_ttft_quantile`` (seconds). A time with no data is left out of a timeline.
+    scale_out_ttft_quantile`` (seconds), ``request_rate`` finished requests per second (empty
+    unless asked for). A time with no data is left out of a timeline.
     """
 
     kv_mean: Timeline
     kv_max: Timeline
     queue: Timeline
     ttft_p95: Timeline
+    request_rate: Timeline = field(default_factory=list)
 
 
 def pool_signals(
@@ -201,13 +234,15 @@ def pool_signals(
     step_s: float = DEFAULT_STEP_S,
     ttft_window_s: float = 300.0,
     fit_window_s: float | None = None,
+    request_rate: bool = False,
 ) -> PoolSignals:
     """Sample the pool's signals every ``step_s`` seconds up to ``at_s`` (see module docs).
 
     KV-cache usage and queue length span ``max(scaling.scale_in_hold, fit window)``; the TTFT
     quantile (``scaling.scale_out_ttft_quantile``) spans the fit window (default
     ``fit_window_for(scaling)``), each computed over the ``ttft_window_s`` before its sample
-    time.
+    time. ``request_rate``: also sample the request rate (requests/s, over
+    ``rate_window_for(step_s)``) across the fit window.
     """
     fit = fit_window_for(scaling) if fit_window_s is None else float(fit_window_s)
     kv_mean: Timeline = []
@@ -227,7 +262,14 @@ def pool_signals(
                                  float(scaling.scale_out_ttft_quantile))
         if value is not None:
             ttft.append((t, value))
-    return PoolSignals(kv_mean, kv_max, queue, ttft)
+    rate: Timeline = []
+    if request_rate:
+        rate_window = rate_window_for(step_s)
+        for t in sample_times(at_s, fit, step_s):
+            r = request_rate_at(source, pool, t, rate_window)
+            if r is not None:
+                rate.append((t, r))
+    return PoolSignals(kv_mean, kv_max, queue, ttft, rate)
 
 
 def ttft_threshold_for(config: Config, pool: PoolConfig) -> float:
@@ -385,19 +427,23 @@ def recommend_for_pool(
     at_s: float,
     *,
     step_s: float = DEFAULT_STEP_S,
+    capacity: CapacitySizing | None = None,
 ) -> Recommendation:
     """The scaling recommendation for ``pool`` at ``at_s`` (Unix seconds), from ``source``.
 
     Samples the signals (``pool_signals``), counts the up replicas, finds the last scale-out
     (cooldown) and scale-in (restarts the scale-in hold) from ``up`` over ``max(cooldown,
     scale_in_hold)``, and applies ``slo.scaling.decide``. ``signals`` in the result also holds
-    ``kv_cache_usage_max``.
+    ``kv_cache_usage_max``. ``capacity`` (the pool's capacity profile as a
+    ``CapacitySizing``) sizes scale-outs and floors scale-ins by the request rate, which is
+    then sampled too.
     """
     scaling = config.scaling
     fit = fit_window_for(scaling)
     sig = pool_signals(
         source, pool, at_s, scaling=scaling, step_s=step_s,
         ttft_window_s=config.engine.window, fit_window_s=fit,
+        request_rate=capacity is not None,
     )
     lookback = config.engine.lookback
     horizon = max(float(scaling.cooldown), float(scaling.scale_in_hold))
@@ -415,6 +461,8 @@ def recommend_for_pool(
         last_scale_in_at=ins[-1] if ins else None,
         fit_window_s=fit,
         max_age_s=lookback,
+        request_rate=sig.request_rate,
+        capacity=capacity,
     )
     signals = {**rec.signals, "kv_cache_usage_max": latest(sig.kv_max, at_s, lookback)}
     return replace(rec, signals=signals)

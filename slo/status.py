@@ -2,9 +2,10 @@
 
 It composes the small modules: per pool the per-model quantiles (``slo.quantiles``), KV-cache
 usage and queue length (instant lookups), cost (``slo.cost``) and the scaling recommendation
-(``slo.scaling``); per SLO the windows, burn rates, budget and alerts (``slo.burn_rate``); the
-token anomalies (``slo.anomaly``). A value that cannot be computed is ``None`` (JSON ``null``),
-never 0; NaN and ±Inf never reach the output.
+(``slo.scaling``, sized by the pool's saved capacity profile when there is one); per SLO the
+windows, burn rates, budget and alerts (``slo.burn_rate``); the token anomalies
+(``slo.anomaly``). A value that cannot be computed is ``None`` (JSON ``null``), never 0; NaN
+and ±Inf never reach the output.
 
 The evaluation time is always passed in: nothing under ``slo/`` reads a clock.
 """
@@ -35,6 +36,7 @@ from vigil.conventions import (
     VLLM_REQUESTS_WAITING,
 )
 from vigil.durations import format_duration
+from vigil.errors import ConfigError
 from vigil.model import Labels
 
 __all__ = ["evaluate", "json_safe", "pool_status", "source_kind"]
@@ -95,13 +97,58 @@ def _recommender() -> Callable[..., Any] | None:
     return None
 
 
+def _profile_for(config: Config, pool: PoolConfig) -> tuple[Any, str | None]:
+    """``(the pool's saved capacity profile or None, why it could not be read or None)``:
+    ``ProfileStore(config.capacity_profiles_path()).find(pool)``; a missing file is no
+    profile, a malformed one is reported (the policy then sizes without it)."""
+    from slo.profile_store import ProfileStore
+
+    try:
+        return ProfileStore(config.capacity_profiles_path()).find(pool), None
+    except ConfigError as exc:
+        return None, str(exc)
+
+
+def pool_capacity(config: Config, pool: PoolConfig) -> tuple[Any, Any, str | None]:
+    """``(profile, sizing, error)``: the pool's saved capacity profile, the
+    ``slo.scaling.CapacitySizing`` the scaling policy sizes scale-outs with (None without a
+    usable profile) and why the profiles could not be read (None when they could). What
+    ``vigil serve`` uses, so that a replay of its decisions (``slo.replay``) uses it too."""
+    from slo.scaling import CapacitySizing
+
+    profile, error = _profile_for(config, pool)
+    return profile, CapacitySizing.from_profile(profile), error
+
+
+def _profile_summary(profile: Any) -> dict[str, Any]:
+    """What the status says of the profile the policy used: key, basis and figures."""
+    return {
+        "key": profile.key,
+        "basis": profile.basis,
+        "label": profile.identity.label(),
+        "source": profile.source,
+        "pool": profile.pool,
+        "created_at": profile.created_at,
+        "rps_per_replica": profile.max_goodput_rps,
+        "max_concurrency": profile.max_concurrency,
+    }
+
+
 def _scaling(source: Source, config: Config, pool: PoolConfig, at_s: float) -> Any:
-    """``recommend_for_pool(...).to_dict()``, or ``None`` while it is not available."""
+    """``recommend_for_pool(...).to_dict()`` plus ``profile`` (the capacity profile sizing it,
+    or None), or ``None`` while the recommendation is not available."""
     recommend = _recommender()
     if recommend is None:
         return None
-    rec = recommend(source, config, pool, at_s, step_s=config.collector.scrape_interval)
-    return rec.to_dict()
+    profile, sizing, error = pool_capacity(config, pool)
+    kwargs: dict[str, Any] = {} if sizing is None else {"capacity": sizing}
+    rec = recommend(source, config, pool, at_s, step_s=config.collector.scrape_interval,
+                    **kwargs)
+    out = rec.to_dict()
+    out["profile"] = None if profile is None else _profile_summary(profile)
+    if error is not None:
+        out["profile_error"] = error
+    return out
 
 
 def _per_instance(
