@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dashboard.empty_states import no_up
-from slo.forecast import TrafficForecast, forecast_from_history
+from slo.forecast import SECONDS_PER_DAY, TrafficForecast, forecast_from_history
 from slo.plan import CandidatePlan, PlanResult, current_identity, plan
+from slo.plan_candidates import gather_candidates
 from slo.profile_store import ProfileStore
 from slo.source import Source
 from slo.waste import WasteResult, waste
@@ -99,20 +100,28 @@ def _capacity_command(config_path: str, pool: PoolConfig) -> str:
             "URL> --save")
 
 
-def _profiles(config: Config, config_path: str, pool: PoolConfig
-              ) -> tuple[list[CapacityProfile], str | None]:
+def _profiles(config: Config, config_path: str, pool: PoolConfig, source: Source,
+              at_s: float, days: int) -> tuple[list[CapacityProfile], list[str], str | None]:
+    """``(candidates, notes, empty-state note)``: the very candidates ``vigil plan`` compares
+    (``slo.plan_candidates``: saved, observed over the ``days`` read, estimated)."""
+    from serving.sim import capacity_estimate
+
     path = config.capacity_profiles_path()
     try:
-        profiles = ProfileStore(path).load()
+        profiles, notes = gather_candidates(config, pool, source=source, at_s=at_s,
+                                            span_s=days * SECONDS_PER_DAY,
+                                            estimator=capacity_estimate)
     except ConfigError as exc:
-        return [], f"The saved capacity profiles cannot be read: {exc}"
+        return [], [], f"The saved capacity profiles cannot be read: {exc}"
     if not profiles:
-        return [], (f"**No capacity profile saved** (`{path}` "
-                    f"{'is empty' if path.exists() else 'does not exist'}). A plan needs "
-                    "the capacity of a replica at the SLOs: run "
-                    f"`{_capacity_command(config_path, pool)}` against a replica of the pool "
-                    "(a measured profile).")
-    return profiles, None
+        why = "; ".join(notes) or "none found"
+        return [], notes, (
+            f"**No capacity profile** for pool `{pool.name}` ({pool.model}): none saved "
+            f"(`{path}` {'holds none of it' if path.exists() else 'does not exist'}), and "
+            f"{why}. A plan needs the capacity of a replica at the SLOs: run "
+            f"`{_capacity_command(config_path, pool)}` against a replica of the pool "
+            "(a measured profile).")
+    return profiles, notes, None
 
 
 def _traffic(source: Source, config: Config, pool: PoolConfig, at_s: float, days: int
@@ -129,7 +138,7 @@ def _traffic(source: Source, config: Config, pool: PoolConfig, at_s: float, days
 def _plan_note(result: PlanResult, pool: PoolConfig) -> str | None:
     if not result.candidates:
         left_out = "; ".join(result.notes) or "none"
-        return (f"No saved profile can be planned for pool `{pool.name}` ({pool.model}): "
+        return (f"No capacity profile can be planned for pool `{pool.name}` ({pool.model}): "
                 f"{left_out}.")
     return None
 
@@ -165,11 +174,14 @@ def plan_page(config: Config, config_path: str, source: Source, pool: PoolConfig
     ``range_s`` = ``(start, end)`` Unix seconds. ``config_path`` is named in the empty
     states' commands."""
     path = str(config.capacity_profiles_path())
-    profiles, profiles_note = _profiles(config, config_path, pool)
+    profiles, candidate_notes, profiles_note = _profiles(config, config_path, pool, source,
+                                                         at_s, days)
     traffic, traffic_note = _traffic(source, config, pool, at_s, days)
     result = plan_note = None
     if profiles and traffic is not None:
         result = plan(config, pool, traffic, profiles)
+        # What vigil plan lists as left out, too.
+        result = replace(result, notes=(*candidate_notes, *result.notes))
         plan_note = _plan_note(result, pool)
     if profiles_note is not None:
         found, waste_note = None, "No waste figure: " + profiles_note

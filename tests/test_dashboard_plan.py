@@ -21,9 +21,11 @@ from test_slo_fleet import MODEL
 from collector.store import Store
 from dashboard import format as fmt
 from dashboard.plan_data import aligned_range, badge, curve_rows, plan_page, waste_rows
+from serving.sim import capacity_estimate
 from slo.embedded import EmbeddedSource
 from slo.forecast import forecast_from_history
 from slo.plan import PlanResult, plan
+from slo.plan_candidates import gather_candidates
 from slo.profile_store import ProfileStore
 from slo.replay import decision_counts, replay_decisions
 from slo.waste import WasteResult, waste
@@ -103,8 +105,10 @@ def expected(config_path: Path) -> tuple[Config, PlanResult, WasteResult]:
     with Store(config.store_path(), readonly=True) as store:
         source = EmbeddedSource(store)
         traffic = forecast_from_history(source, config, pool, PAGE_AT, 7)
-        result = plan(config, pool, traffic, ProfileStore(config.capacity_profiles_path())
-                      .load())
+        # The very candidates vigil plan compares: saved, observed, estimated.
+        candidates, _ = gather_candidates(config, pool, source=source, at_s=PAGE_AT,
+                                          span_s=7 * 86400, estimator=capacity_estimate)
+        result = plan(config, pool, traffic, candidates)
         assert result.today is not None
         start, end = aligned_range(AT - RANGE_S, AT, STEP)
         found = waste(source, config, pool, result.today.profile.max_goodput_rps, start, end,
@@ -213,11 +217,13 @@ def test_no_profile_saved_names_the_command(no_profiles: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     app = run_plan(no_profiles, monkeypatch)
     shown = texts(app)
-    assert "No capacity profile saved" in shown
+    # Nothing saved: the plan stands on the simulator's estimate, says so, and names the
+    # command that would measure today's configuration instead.
+    assert "Today's capacity is estimated, not measured" in shown
     assert (f"vigil capacity --config {no_profiles.resolve()} --pool chat --url <a replica's "
             "URL> --save") in shown
     assert "No traffic history" not in shown  # the store has it
-    assert not app.get("vega_lite_chart")
+    assert badge("estimated") in shown
 
 
 def test_no_history_yet_says_so(seeded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -235,9 +241,10 @@ def test_without_todays_profile_the_cheapest_is_still_shown(tmp_path: Path,
     ProfileStore(config.parent / "vigil-capacity.json").save(CHEAPER)
     app = run_plan(config, monkeypatch)
     shown = texts(app)
-    assert "No saved profile of today's configuration" in shown
+    # Today's configuration has only the simulator's estimate: shown as such, with the
+    # command that measures it; the saved profile of another GPU is still a candidate.
+    assert "Today's capacity is estimated, not measured" in shown
     assert "--pool chat --url <a replica's URL> --save" in shown
-    assert "No waste figure: there is no capacity profile of today's configuration" in shown
     assert metrics(app, "plan-best")["Cost per month"].value.startswith("$")
 
 
@@ -246,8 +253,11 @@ def test_another_pool_is_chosen_in_the_selectbox(seeded: Path,
     app = run_plan(seeded, monkeypatch)
     app.selectbox(key="plan-pool").set_value("batch").run()
     assert not app.exception
-    # Both profiles are of the chat pool's model: nothing to plan for Qwen.
-    assert "No saved profile can be planned for pool `batch`" in texts(app)
+    # Both profiles are of the chat pool's model, and the simulator has no calibration of
+    # the batch pool's: nothing to plan for it, and the page says why.
+    shown = texts(app)
+    assert "No capacity profile** for pool `batch`" in shown
+    assert "no calibration of" in shown
 
 
 def test_no_store_yet_says_to_start_vigil_serve(tmp_path: Path,

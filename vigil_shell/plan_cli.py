@@ -41,13 +41,13 @@ from slo.plan import (
     plan,
     required_slos,
 )
+from slo.plan_candidates import gather_candidates
 from slo.source import Source
-from vigil.capacity import BASES, CapacityProfile
 from vigil.cli_options import add_at_option, add_config_option, add_json_option
 from vigil.config import Config, PoolConfig, load_config
 from vigil.errors import ConfigError
 
-__all__ = ["add_arguments", "gather_candidates", "run"]
+__all__ = ["add_arguments", "run"]
 
 _NULL = "–"
 
@@ -105,82 +105,6 @@ def _pool(config: Config, name: str | None, file: str) -> PoolConfig:
                           file=file) from None
 
 
-def _same_model(a: str, b: str) -> bool:
-    # A calibration may name the model without its organisation ("Llama-3.1-8B-Instruct").
-    return a == b or a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
-
-
-def _configuration(p: CapacityProfile) -> tuple[Any, ...]:
-    i = p.identity
-    return (i.model, i.gpu, i.gpus_per_replica, i.quantization, i.speculative,
-            i.num_speculative_tokens)
-
-
-def _estimates(config: Config, pool: PoolConfig, at_s: float,
-               notes: list[str]) -> list[CapacityProfile]:
-    """The simulator's estimates for its calibrations of the pool's model, one per GPU with
-    a price."""
-    try:
-        from serving.sim.capacity_estimate import estimated_capacity, known_calibrations
-    except ImportError as exc:
-        if exc.name != "serving.sim.capacity_estimate":
-            raise
-        notes.append("no estimated candidates: the simulator's capacity estimate "
-                     "(serving.sim.capacity_estimate) is not installed")
-        return []
-    from vigil.capacity import ProfileIdentity
-
-    slos = required_slos(config, pool)
-    out = []
-    tried = 0
-    for model, gpu in known_calibrations():
-        if not _same_model(model, pool.model) or gpu not in config.prices:
-            continue
-        tried += 1
-        identity = ProfileIdentity(model=pool.model, gpu=gpu,
-                                   gpus_per_replica=pool.gpus_per_replica)
-        try:
-            out.append(estimated_capacity(identity, slos, config.capacity, created_at=at_s))
-        except ConfigError as exc:
-            # The calibration covers one GPU per replica, unquantized: say why, plan on.
-            notes.append(f"no estimate for {identity.label()}: {exc}")
-    if not tried:
-        notes.append(f"no estimated candidates: the simulator has no calibration of "
-                     f"{pool.model} on a GPU with a price")
-    return out
-
-
-def gather_candidates(config: Config, pool: PoolConfig, *, source: Source | None,
-                      at_s: float, span_s: float, estimates: bool = True
-                      ) -> tuple[list[CapacityProfile], list[str]]:
-    """The profiles ``vigil plan`` compares for ``pool`` (see the module docstring) and notes
-    on what was left out."""
-    from slo.profile_store import ProfileStore
-
-    notes: list[str] = []
-    found = [p for p in ProfileStore(config.capacity_profiles_path()).load()
-             if _same_model(p.identity.model, pool.model)]
-    if source is not None:
-        from slo.capacity_observed import assess_observed
-
-        observed = assess_observed(source, config, pool, at_s, span_s)
-        if observed.profile is not None:
-            found.append(observed.profile)
-        else:
-            notes.append(f"no observed capacity of pool {pool.name!r}: {observed.reason}")
-    if estimates:
-        found.extend(_estimates(config, pool, at_s, notes))
-    best: dict[tuple[Any, ...], CapacityProfile] = {}
-    for p in found:
-        key = _configuration(p)
-        rank = (BASES.index(p.basis), p.pool != pool.name, -p.created_at)
-        kept = best.get(key)
-        if kept is None or rank < (BASES.index(kept.basis), kept.pool != pool.name,
-                                   -kept.created_at):
-            best[key] = p
-    return list(best.values()), notes
-
-
 @contextmanager
 def _maybe_source(config: Config, file: str, needed: bool) -> Iterator[Source | None]:
     """The configured source; ``None`` when it is not needed and the store does not exist."""
@@ -213,9 +137,11 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
                                   file=args.config) from None
         else:
             traffic = constant_traffic(args.rate, step_s=config.capacity.plan_step)
+        estimator = None
+        if not args.no_estimates:
+            from serving.sim import capacity_estimate as estimator
         candidates, notes = gather_candidates(
-            config, pool, source=source, at_s=at, span_s=span,
-            estimates=not args.no_estimates)
+            config, pool, source=source, at_s=at, span_s=span, estimator=estimator)
         levers: Levers | None = None
         if args.lever:
             from slo.cli import request_log

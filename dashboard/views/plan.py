@@ -112,18 +112,23 @@ def _comparison(page: PlanPage, pool: PoolConfig) -> None:
     left, right = st.columns(2, gap="large")
     with left, st.container(border=True, key="plan-today"):
         st.markdown("**Today**")
+        measure = (f"`vigil capacity --config {ctx.path} --pool {pool.name} --url <a "
+                   "replica's URL> --save`")
         if today is None:
-            st.info(f"No saved profile of today's configuration "
-                    f"({pool.model} on {pool.gpus_per_replica} × {pool.gpu}): run `vigil "
-                    f"capacity --config {ctx.path} --pool {pool.name} --url <a replica's URL> "
-                    "--save` against one of its replicas to compare it.", icon=":material/speed:")
+            st.info(f"No capacity profile of today's configuration ({pool.model} on "
+                    f"{pool.gpus_per_replica} × {pool.gpu}): none saved, observed or "
+                    f"estimated. Run {measure} against one of its replicas to compare it.",
+                    icon=":material/speed:")
         else:
             st.caption(today.profile.identity.label())
+            if today.profile.basis != "measured":
+                st.caption(f":material/speed: Today's capacity is {today.profile.basis}, not "
+                           f"measured: run {measure} against one of its replicas.")
             _candidate(today, None)
     with right, st.container(border=True, key="plan-best"):
         st.markdown("**Cheapest that meets the SLOs**")
         if best is None:
-            st.warning("No saved profile meets the pool's SLOs at this traffic: see each "
+            st.warning("No candidate meets the pool's SLOs at this traffic: see each "
                        "candidate's notes below.", icon=":material/warning:")
         else:
             same = today is not None and best.profile == today.profile
