@@ -38,6 +38,10 @@ PAGES = {
                              "[data-testid='stVegaLiteChart'] svg", 6),
     "anomalies": ("Anomalies", "[data-testid='stVegaLiteChart'] canvas, "
                                "[data-testid='stVegaLiteChart'] svg", 1),
+    # Today beside the cheapest candidate (the simulator's estimate of the seeded pool): the
+    # replicas-over-the-day curves and the waste chart.
+    "plan": ("Plan", "[data-testid='stVegaLiteChart'] canvas, "
+                     "[data-testid='stVegaLiteChart'] svg", 2),
 }
 START_TIMEOUT_S = 60.0
 RENDER_TIMEOUT_MS = 90_000
