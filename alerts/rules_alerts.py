@@ -52,7 +52,7 @@ from collections.abc import Sequence
 from alerts.rules_model import Origin, Rule, RuleGroup, RulesOptions, prom_duration
 from alerts.rules_promql import (
     number,
-    pool_series,
+    pool_up,
     replica_kv_usage_expr,
     replica_label,
     selector,
@@ -196,12 +196,13 @@ def _selector_target_down(config: Config, pool: PoolConfig, interval: float | No
     ``interval`` (seconds; default ``[collector] scrape_interval``) and ``ups`` (default the
     selectors) serve a pool found by ``[[discovery]]``."""
     if interval is None:
-        interval = config.collector.scrape_interval
+        # The interval the cost rules bill the pool's replicas at: the team's scrape jobs'.
+        interval = config.unlisted_scrape_interval(pool) or config.collector.scrape_interval
     scrapes = config.alerts.target_down_scrapes
     if not ups:
-        ups = [pool_series(pool)]
-        if pool.dcgm_selector:
-            ups.append(pool_series(pool, KIND_DCGM))
+        # `up` of the targets: the selector without labels only exposed samples carry.
+        ups = [up for up in (pool_up(pool), pool_up(pool, KIND_DCGM) if pool.dcgm_selector
+                             else None) if up is not None]
     exprs = [up.promql(SERIES_UP) for up in ups]
     replica = replica_label(pool)
     return [Rule(
@@ -239,6 +240,11 @@ def _target_down(config: Config, pool: PoolConfig) -> list[Rule]:
         return _selector_target_down(config, pool)
     targets = [t for t in config.targets if t.pool == pool.name]
     discovered = _discovery_interval(config, pool)
+    if discovered is None and not targets:
+        # No [[targets]] and no [[discovery]]: the pool's replicas are scraped by a
+        # PodMonitor (`--format operator`) or relabelled jobs adding pool and kind.
+        ups = [pool.series(KIND_VLLM, external=True), pool.series(KIND_DCGM, external=True)]
+        return _selector_target_down(config, pool, None, ups)
     if discovered is None:
         return _static_target_down(config, pool, targets)
     if not targets:

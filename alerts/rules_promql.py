@@ -173,6 +173,21 @@ def pool_series(pool: PoolLike, kind: str = KIND_VLLM) -> Selector:
     return default_pool_selector(pool, kind)
 
 
+def pool_up(pool: PoolLike, kind: str = KIND_VLLM) -> Selector | None:
+    """The matchers of the pool's ``up`` series in a Prometheus (``PoolConfig.up_series``:
+    the selector without labels only exposed samples carry); ``{pool, kind}`` for a name."""
+    if isinstance(pool, PoolConfig):
+        return pool.up_series(kind, external=True)
+    return default_pool_selector(pool, kind)
+
+
+def _vllm_up(pool: PoolLike) -> Selector:
+    up = pool_up(pool)
+    if up is None:  # pragma: no cover - PoolConfig refuses such a selector
+        raise ValueError("the pool's selector chooses no target's up series")
+    return up
+
+
 def _spec_pool(spec: SloSpec, pool: PoolConfig | None) -> PoolLike:
     """The pool an SLO's expressions read: ``pool``, else the spec's own ``pool_config``,
     else its pool's name (Vigil's labels)."""
@@ -320,7 +335,7 @@ def replica_up_error_expr(spec: SloSpec, window_s: float, *,
     has no ``model_name``; the rule adds it as a label)."""
     window = prom_duration(window_s)
     where = _spec_pool(spec, pool)
-    up = pool_series(where).promql(SERIES_UP)
+    up = _vllm_up(where).promql(SERIES_UP)
     return f"1 - {_agg('avg', pool_by(where, _POOL_BY))}(avg_over_time({up}[{window}]))"
 
 
@@ -391,7 +406,7 @@ def gpu_cost_expr(pool: PoolLike, window_s: float, gpus_per_replica: int,
     """
     window = prom_duration(window_s)
     over_time = "count_over_time" if bill_down_time else "sum_over_time"
-    up = pool_series(pool)
+    up = _vllm_up(pool)
     replica = replica_label(pool)
     by = pool_by(pool, by)
     per_replica = _has_selector(pool)

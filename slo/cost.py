@@ -69,7 +69,7 @@ from typing import Any
 
 from slo.aggregate import sum_by
 from slo.quantiles import finite_or_none
-from slo.sli import RequestLog, replica_label, vllm_matchers
+from slo.sli import RequestLog, replica_label, vllm_matchers, vllm_up_matchers
 from slo.source import Downsampled, Source, is_external
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
@@ -137,7 +137,7 @@ def up_seconds(
         configured = {}
     thinned = source.downsampled() if isinstance(source, Downsampled) else None
     out: dict[Labels, float] = {}
-    series = source.samples(SERIES_UP, vllm_matchers(pool, source), at_s, window_s)
+    series = source.samples(SERIES_UP, vllm_up_matchers(pool, source), at_s, window_s)
     for labels, points in series.items():
         pts = [p for p in points if p.value is not None and not math.isnan(p.value)]
         if not pts:

@@ -57,7 +57,7 @@ from slo.scaling import (
     fit_window_for,
     latest,
 )
-from slo.sli import pool_series, replica_label
+from slo.sli import pool_series, replica_label, vllm_up_matchers
 from slo.source import Matchers, Source
 from vigil.config import Config, PoolConfig, ScalingConfig
 from vigil.conventions import SERIES_UP, VLLM_REQUEST_SUCCESS
@@ -294,7 +294,7 @@ def current_replicas(source: Source, pool: PoolConfig, at_s: float) -> int:
     scraped by two jobs counts once."""
     label = replica_label(pool, source)
     return len({_replica(labels, label)
-                for labels, v in source.instant(SERIES_UP, pool_matchers(pool, source),
+                for labels, v in source.instant(SERIES_UP, vllm_up_matchers(pool, source),
                                                 at_s).items()
                 if v == 1.0})
 
@@ -347,7 +347,7 @@ def replica_changes(
 
     # time (ms) -> [(series, value or None for "ages out")]
     events: dict[int, list[tuple[Labels, float | None]]] = defaultdict(list)
-    series = source.samples(SERIES_UP, pool_matchers(pool, source), at_s,
+    series = source.samples(SERIES_UP, vllm_up_matchers(pool, source), at_s,
                             horizon_s + lookback_s)
     label = replica_label(pool, source)
     for labels, points in series.items():

@@ -147,6 +147,29 @@ def pool_series(pool: PoolConfig | SloSpec | str, source: Source | None = None,
     return matchers_of(pool.series(kind, external=is_external(source)))
 
 
+def up_matchers(pool: PoolConfig | SloSpec | str, source: Source | None = None,
+                kind: str = KIND_VLLM) -> Matchers | None:
+    """The matchers of a pool's ``up`` series as ``source`` holds them: ``pool_series``
+    without the labels only exposed samples carry (``PoolConfig.up_series``); ``None`` when a
+    selector leaves no target label (a DCGM selector on ``exported_pod`` alone)."""
+    if isinstance(pool, SloSpec):
+        pool = pool.pool_config if pool.pool_config is not None else pool.pool
+    if isinstance(pool, str):
+        return matchers_of(default_pool_selector(pool, kind))
+    chosen = pool.up_series(kind, external=is_external(source))
+    return None if chosen is None else matchers_of(chosen)
+
+
+def vllm_up_matchers(pool: PoolConfig | SloSpec | str, source: Source | None = None
+                     ) -> Matchers:
+    """``up_matchers`` of the pool's vLLM targets, which always exist (a selector without a
+    target label is refused when the config loads)."""
+    chosen = up_matchers(pool, source)
+    if chosen is None:  # pragma: no cover - PoolConfig refuses such a selector
+        raise ValueError("the pool's selector chooses no target's up series")
+    return chosen
+
+
 def replica_label(pool: PoolConfig | str, source: Source | None = None) -> str:
     """The label that tells the pool's replicas apart in ``source``: the pool's
     ``replica_label`` in a Prometheus, ``instance`` in Vigil's store (or for a pool by name)."""
@@ -249,7 +272,7 @@ def _availability(spec: SloSpec, source: Source, at_s: float, window_s: float,
 def _replica_up(spec: SloSpec, source: Source, at_s: float, window_s: float,
                 request_log: RequestLog | None = None) -> SliResult:
     # `up` carries no model_name: a pool's targets serve its model, so the pool is the unit.
-    per_target = source.avg_over_time(SERIES_UP, vllm_matchers(spec, source), at_s,
+    per_target = source.avg_over_time(SERIES_UP, vllm_up_matchers(spec, source), at_s,
                                        window_s)
     mean = avg_aggregate(per_target, source.semantics)
     if mean is None or math.isnan(mean):

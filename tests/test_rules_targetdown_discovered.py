@@ -59,9 +59,12 @@ def test_an_entry_without_a_pool_can_name_every_pool() -> None:
     assert _down(config)[0].for_s == 30  # [collector] scrape_interval
 
 
-def test_an_entry_of_another_pool_gives_this_one_nothing() -> None:
+def test_a_pool_no_entry_feeds_still_gets_the_pool_wide_rule() -> None:
+    # No [[targets]] and no [[discovery]] of its own: a PodMonitor (or the team's relabelled
+    # jobs) scrapes it, so its up{pool, kind} series are watched at [collector]'s interval.
     config = _config([{**_files(), "pool": "batch"}])
-    assert _down(config) == []
+    assert [r.expr for r in _down(config)] == [BOTH_KINDS]
+    assert _down(config)[0].for_s == 30
     assert len(_down(config, "batch")) == 1
 
 

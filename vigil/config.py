@@ -34,6 +34,7 @@ from vigil.selectors import (
     SelectorError,
     check_label_name,
     default_pool_selector,
+    is_series_only_label,
     parse_selector,
 )
 
@@ -211,6 +212,20 @@ class PoolConfig(_Section):
                              "select the pool by Vigil's own labels")
         return v
 
+    @model_validator(mode="after")
+    def _selector_chooses_targets(self) -> PoolConfig:
+        if self.selector and self.up_series(KIND_VLLM) is None:
+            raise ValueError(
+                "selector names only labels the exposed series carry (model_name, ...), never "
+                "a target's `up`: add a target label (namespace, service, job, pod, ...) so "
+                "that replica counts, availability and cost can find the replicas")
+        if self.replica_label != DEFAULT_REPLICA_LABEL and not self.selector:
+            raise ValueError(
+                f"replica_label {self.replica_label!r} without a selector: a pool selected by "
+                "Vigil's own labels tells replicas apart by instance; set a selector, or "
+                "remove replica_label")
+        return self
+
     @field_validator("replica_label")
     @classmethod
     def _replica_label(cls, v: str) -> str:
@@ -232,10 +247,23 @@ class PoolConfig(_Section):
             return parse_selector(text)
         return default_pool_selector(self.name, kind)
 
+    def up_series(self, kind: str = KIND_VLLM, *, external: bool = True) -> Selector | None:
+        """The matchers of the pool's ``up`` series (and ``scrape_*``): ``series`` without the
+        matchers on labels that only the exposed samples carry (``SERIES_ONLY_LABELS``: vLLM's
+        ``model_name``, DCGM's ``exported_*``, ``gpu``, ...), which a target's ``up`` never has.
+        ``None`` when nothing is left: a DCGM selector on ``exported_pod`` alone chooses the
+        pool's GPUs, not an exporter (one exporter serves every pool of its node)."""
+        chosen = self.series(kind, external=external)
+        if not (external and (self.selector if kind == KIND_VLLM else self.dcgm_selector)):
+            return chosen
+        kept = Selector(m for m in chosen if not is_series_only_label(m.name))
+        return kept or None
+
     def replica_label_for(self, *, external: bool = True) -> str:
-        """The label telling replicas apart: ``replica_label`` in a Prometheus, ``instance``
-        in Vigil's own store."""
-        return self.replica_label if external else DEFAULT_REPLICA_LABEL
+        """The label telling replicas apart: ``replica_label`` in a Prometheus read through a
+        selector, ``instance`` otherwise (Vigil's own labels: its scrape jobs, PodMonitors
+        and discovery jobs name the replica ``instance``)."""
+        return self.replica_label if external and self.selector else DEFAULT_REPLICA_LABEL
 
     @property
     def has_selector(self) -> bool:
@@ -814,11 +842,14 @@ class Config(_Section):
         a pool without a selector): the cost then measures the samples' spacing."""
         if pool.scrape_interval is not None:
             return pool.scrape_interval
+        if pool.selector:
+            # A selector pool's replicas are the team's scrape jobs', never a discovery's.
+            return self.collector.scrape_interval
         found = {d.scrape_interval or self.collector.scrape_interval for d in self.discovery
-                 if d.pool in (pool.name, "")}
+                 if d.pool in (pool.name, "") and d.kind == KIND_VLLM}
         if len(found) == 1:
             return found.pop()
-        return self.collector.scrape_interval if pool.selector else None
+        return None
 
     def scrape_timeout(self, target: TargetConfig) -> float:
         """Seconds a scrape of ``target`` may take: its own timeout, or the default capped to

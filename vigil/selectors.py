@@ -30,6 +30,7 @@ __all__ = [
     "as_selector",
     "check_label_name",
     "default_pool_selector",
+    "is_series_only_label",
     "parse_selector",
     "promql_string",
 ]
@@ -289,6 +290,20 @@ def default_pool_selector(pool: str, kind: str = KIND_VLLM) -> Selector:
     if kind not in (KIND_VLLM, KIND_DCGM):
         raise ValueError(f"unknown target kind {kind!r}")
     return Selector([LabelMatcher(LABEL_POOL, "=", pool), LabelMatcher(LABEL_KIND, "=", kind)])
+
+
+#: Labels the exposed samples carry but a target's ``up`` never does: vLLM's per-engine
+#: labels and DCGM exporter's per-GPU ones (``exported_*``: the pod using the GPU, renamed by
+#: Prometheus where the target has a label of that name).
+SERIES_ONLY_LABELS = frozenset({
+    "model_name", "engine", "finished_reason", "le", "gpu", "UUID", "device", "modelName",
+    "Hostname", "pci_bus_id", "DCGM_FI_DRIVER_VERSION", "GPU_I_ID", "GPU_I_PROFILE",
+})
+
+
+def is_series_only_label(name: str) -> bool:
+    """Whether ``name`` is a label of exposed samples that a target's ``up`` never has."""
+    return name in SERIES_ONLY_LABELS or name.startswith("exported_")
 
 
 #: The label that tells replicas apart in series Vigil scraped itself (its target's name).

@@ -282,20 +282,23 @@ class _PrometheusEvaluator:
         health, and its consecutive failed scrapes, from Prometheus's ``up``,
         ``scrape_duration_seconds`` and ``scrape_samples_scraped``. A replica whose ``up`` is
         stale (gone from discovery) is left out, as the ``up == 0`` rule forgets it."""
-        from slo.sli import pool_series, replica_label
+        from slo.sli import replica_label, up_matchers
 
         source = self.source
-        # Enough history for target_down_scrapes scrapes at Vigil's interval, and at least the
-        # lookback, within which Prometheus's own interval must fall for `up` to be current.
         n = self.config.alerts.target_down_scrapes
-        span = max(self.config.engine.lookback,
-                   2 * (n + 2) * self.config.collector.scrape_interval)
         health: dict[str, TargetHealth] = {}
         streaks: dict[str, int] = {}
         for pool in self.config.pools:
             label = replica_label(pool, source)
+            # Enough history for target_down_scrapes scrapes at the pool's interval, and at
+            # least the lookback, within which the interval must fall for `up` to be current.
+            interval = (self.config.unlisted_scrape_interval(pool)
+                        or self.config.collector.scrape_interval)
+            span = max(self.config.engine.lookback, 2 * (n + 2) * interval)
             for kind in TARGET_KINDS:
-                matchers = pool_series(pool, source, kind)
+                matchers = up_matchers(pool, source, kind)
+                if matchers is None:  # a DCGM selector choosing GPUs, not an exporter
+                    continue
                 current = source.instant(SERIES_UP, matchers, at_s)
                 if not current:
                     continue
