@@ -207,7 +207,10 @@ def _verdict(requests: float, shares: Mapping[str, tuple[float, float]],
         if target.name in shares:
             good, n = shares[target.name]
             total = round(n)
-            intervals[target.name] = wilson_interval(round(good * total), total, confidence)
+            # Non-monotonic buckets (a reset mid-window) can put more below the threshold
+            # than the +Inf bucket holds.
+            k = min(total, max(0, round(good * total)))
+            intervals[target.name] = wilson_interval(k, total, confidence)
     if requests < min_requests:
         return "light", intervals
     if any(iv[1] < t.objective for _, t in targets if (iv := intervals.get(t.name))):

@@ -5,17 +5,22 @@ store's last ``days`` days (the increase of ``vllm:request_success_total``, ever
 reason, through the pool's selector) and folds it into a time-of-day profile: for each step of
 the day (UTC), the mean rate over the days held. The days are the 24-hour periods ending at
 ``at_s``, so each holds every step of the day once. A least-squares line through the daily
-mean rates (requests/s against the day's index) projects the next day's mean, and the profile
-is scaled to it::
+de-seasonalised rates (each held step's rate over the profile's at that step, against the
+day's index) projects the next day's, and the profile is scaled to it::
 
     profile(s)   = mean over days d of rate(d, s)            (s: step of the day)
-    daily(d)     = mean over s of rate(d, s)
-    daily(d)     ≈ a + b·d                                   (least squares)
-    forecast(s)  = profile(s) × (a + b·n) / mean(daily)      (n = days held: the next day)
+    daily(d)     = mean over held s of rate(d, s) / profile(s)
+    daily(d)     ≈ a + b·d                                   (least squares, full days only)
+    forecast(s)  = profile(s) × (a + b·n) / mean(daily)      (n = days asked: the next day)
+
+Only days holding at least 90 % of their steps enter the trend, and a day's value is
+de-seasonalised: a day held only in part (the store started mid-day, a gap at the peak) would
+otherwise fake a trend from which hours it happens to hold. Steps whose profile is 0 say
+nothing about a day's scale and are left out of its value.
 
 The trend scales the shape rather than shifting it (growth brings more users at the peak than
 at night), and a projection below zero is clamped to 0. With one day held there is no trend
-(``trend_per_day`` 0).
+(``trend_per_day`` 0); nor with fewer than two full days.
 
 The rate counts what reached vLLM: semantic-cache hits never do, so a forecast from history is
 already net of the cache (``net_of_cache``), and batch requests sit where the batch queue
@@ -50,6 +55,8 @@ __all__ = [
 ]
 
 SECONDS_PER_DAY = 86400.0
+#: The share of its steps a day must hold to enter the trend.
+_FULL_DAY_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -172,20 +179,34 @@ def forecast_from_history(source: Source, config: Config, pool: PoolConfig, at_s
         profile = profile.interpolate(limit_direction="both")
         notes.append(f"{missing} of {steps_per_day} steps of the day had no samples "
                      "(interpolated from their neighbours)")
-    daily = held.groupby("day")["rate"].mean()
-    n_days = len(daily)
+    n_days = int(held["day"].nunique())
+    coverage = held.groupby("day")["rate"].size() / steps_per_day
+    full = coverage[coverage >= _FULL_DAY_SHARE].index
+    seen = held.assign(norm=held["slot"].map(profile))
+    seen = seen[seen["day"].isin(full) & (seen["norm"] > 0)]
+    daily = (seen["rate"] / seen["norm"]).groupby(seen["day"]).mean()
+    left_out = n_days - len(full)
+    if left_out:
+        notes.append(f"{left_out} day(s) holding under {_FULL_DAY_SHARE:.0%} of their steps "
+                     "left out of the trend")
     slope = 0.0
     scale = 1.0
-    if n_days >= 2:
-        slope, intercept = np.polyfit(daily.index.to_numpy(dtype=float),
-                                      daily.to_numpy(dtype=float), 1)
+    level = float(profile.mean())
+    if len(daily) >= 2:
+        ratio_slope, intercept = np.polyfit(daily.index.to_numpy(dtype=float),
+                                            daily.to_numpy(dtype=float), 1)
         mean = float(daily.mean())
-        projected = max(0.0, float(intercept + slope * days))
+        projected = max(0.0, float(intercept + ratio_slope * days))
         scale = projected / mean if mean > 0 else 1.0
-        notes.append(f"trend {slope:+.3g} requests/s per day over {n_days} days: the next "
-                     f"day's mean is {projected:.3g} requests/s ({(scale - 1) * 100:+.1f}%)")
-    else:
+        # In requests/s per day: the de-seasonalised slope times the profile's mean rate.
+        slope = float(ratio_slope) / mean * level if mean > 0 else 0.0
+        notes.append(f"trend {slope:+.3g} requests/s per day over {len(daily)} full days: "
+                     f"the next day's mean is {level * scale:.3g} requests/s "
+                     f"({(scale - 1) * 100:+.1f}%)")
+    elif n_days == 1:
         notes.append("one day of history: no trend")
+    else:
+        notes.append(f"{len(daily)} full day(s) of history: no trend")
     values = tuple(max(0.0, float(v) * scale) for v in profile.to_numpy())
     notes.insert(0, f"observed over {n_days} day(s) of the store's history (asked for {days})")
     return TrafficForecast(profile=values, step_s=step, basis="observed", days=n_days,

@@ -30,6 +30,8 @@ shown (``LeverEffect``):
 * ``batch_share``: the batch tier's share of requests (the gateway's records) is taken out of
   every step and poured back into the day's troughs (water-filling: the lowest steps are raised
   to one level until the moved requests are placed), as the batch queue's off-peak release does.
+  Not applied to a forecast from history (``days`` > 0): its batch requests already sit where
+  the queue released them, so taking a share out of every step would cut the peak twice.
 * ``cache_hit_rate``: the semantic cache's measured hit rate; hits never reach a GPU:
   ``λ × (1 − hit rate)``. Not applied to traffic already net of the cache (a forecast from
   vLLM's counters, which never see a hit).
@@ -74,6 +76,8 @@ __all__ = [
     "measure_levers",
     "plan",
     "required_slos",
+    "same_model",
+    "slo_gaps",
     "weakest_basis",
 ]
 
@@ -188,7 +192,14 @@ def required_slos(config: Config, pool: PoolConfig) -> list[SloTarget]:
             and s.threshold_seconds is not None]
 
 
-def _slo_gaps(profile: CapacityProfile, required: Sequence[SloTarget]) -> list[str]:
+def same_model(a: str, b: str) -> bool:
+    """Whether two model names are one model, case aside (a calibration may name it without
+    its organisation: ``Llama-3.1-8B-Instruct``)."""
+    a, b = a.lower(), b.lower()
+    return a == b or a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
+
+
+def slo_gaps(profile: CapacityProfile, required: Sequence[SloTarget]) -> list[str]:
     """Why the profile's targets do not cover ``required`` (empty when they do)."""
     gaps = []
     for need in required:
@@ -231,7 +242,12 @@ def _apply_traffic_levers(traffic: TrafficForecast, curve: list[tuple[float, flo
         return curve, []
     effects = []
     rates = [r for _, r in curve]
-    if levers.batch_share is not None:
+    if levers.batch_share is not None and traffic.days > 0:
+        effects.append(LeverEffect(
+            "batch_share", levers.batch_share, levers.sources.get("batch_share", ""),
+            "not applied: the traffic comes from the store's history, where batch requests "
+            "already sit where the batch queue released them (the troughs)", applied=False))
+    elif levers.batch_share is not None:
         share = levers.batch_share
         before = max(rates)
         kept = [r * (1.0 - share) for r in rates]
@@ -302,7 +318,7 @@ def _size(config: Config, pool: PoolConfig, profile: CapacityProfile, traffic: T
     if cap is None and peak > pool.max_replicas:
         notes.append(f"needs {peak} replicas at the peak, more than the pool's max_replicas "
                      f"{pool.max_replicas}: raise it to follow this plan")
-    gaps = _slo_gaps(profile, required)
+    gaps = slo_gaps(profile, required)
     notes.extend(gaps)
     if not required:
         notes.append(f"pool {pool.name!r} has no latency SLO: any profile counts")
@@ -359,7 +375,7 @@ def plan(config: Config, pool: PoolConfig, traffic: TrafficForecast,
     plans = []
     for profile in candidates:
         ident = profile.identity
-        if ident.model != pool.model:
+        if not same_model(ident.model, pool.model):
             notes.append(f"{ident.label()}: another model than the pool's ({pool.model})")
             continue
         if ident.gpu not in config.prices:

@@ -4,7 +4,9 @@ dashboard's Plan page, so both give the same answer.
 The candidates are the saved profiles of the pool's model (``[capacity] profiles_path``), the
 pool's observed capacity when the history shows one (``slo.capacity_observed``), and the
 simulator's estimates for its known calibrations of that model on every GPU with a price. Of
-several profiles of one configuration the best basis is kept (measured > observed >
+several profiles of one configuration the one judged against targets covering the pool's
+latency SLOs now is kept first (``slo.plan.slo_gaps``: a measured profile of a looser SLO must
+not hide an estimate that meets today's), then the best basis (measured > observed >
 estimated), then the one saved for the pool, then the newest.
 
 The estimates come from the simulator (``serving.sim.capacity_estimate``), which imports the
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from slo.capacity_observed import assess_observed
-from slo.plan import required_slos
+from slo.plan import required_slos, same_model, slo_gaps
 from slo.profile_store import ProfileStore
 from slo.source import Source
 from vigil.capacity import BASES, CapacityProfile, ProfileIdentity, SloTarget
@@ -40,12 +42,6 @@ class Estimator(Protocol):
                            ) -> CapacityProfile:
         """The ``estimated`` profile of ``identity``; ``ConfigError`` when it has none."""
         ...
-
-
-def same_model(a: str, b: str) -> bool:
-    """Whether two model names are one model (a calibration may name it without its
-    organisation: ``Llama-3.1-8B-Instruct``)."""
-    return a == b or a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
 
 
 def _configuration(p: CapacityProfile) -> tuple[Any, ...]:
@@ -97,12 +93,16 @@ def gather_candidates(config: Config, pool: PoolConfig, *, source: Source | None
             notes.append(f"no observed capacity of pool {pool.name!r}: {observed.reason}")
     if estimator is not None:
         found.extend(estimates(config, pool, estimator, at_s, notes))
+    required = required_slos(config, pool)
+
+    def rank(p: CapacityProfile) -> tuple[bool, int, bool, float]:
+        return (bool(slo_gaps(p, required)), BASES.index(p.basis), p.pool != pool.name,
+                -p.created_at)
+
     best: dict[tuple[Any, ...], CapacityProfile] = {}
     for p in found:
         key = _configuration(p)
-        rank = (BASES.index(p.basis), p.pool != pool.name, -p.created_at)
         kept = best.get(key)
-        if kept is None or rank < (BASES.index(kept.basis), kept.pool != pool.name,
-                                   -kept.created_at):
+        if kept is None or rank(p) < rank(kept):
             best[key] = p
     return list(best.values()), notes

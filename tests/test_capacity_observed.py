@@ -21,7 +21,9 @@ from slo.capacity_observed import (
     REASON_NEVER_FAILED,
     REASON_NO_LATENCY_SLO,
     REASON_NOT_LOAD_BOUND,
+    _verdict,
     assess_observed,
+    latency_targets,
     observed_capacity,
     rate_latency_curve,
 )
@@ -226,3 +228,13 @@ def test_an_empty_history_has_no_curve(store: Store) -> None:
                               STEP_S) == []
     assert observed_capacity(EmbeddedSource(store), config, config.pools[0], AT,
                              3600.0) is None
+
+
+def test_a_share_above_one_does_not_break_the_verdict() -> None:
+    # Non-monotonic buckets can count more below a threshold than the +Inf bucket holds.
+    config = _config()
+    targets = latency_targets(config, config.pools[0])
+    shares = {"chat-ttft": (1.02, 3000.0), "chat-e2e": (-0.01, 3000.0)}
+    verdict, intervals = _verdict(3000.0, shares, targets, 100, 0.95)
+    assert intervals["chat-ttft"][1] == 1.0 and intervals["chat-e2e"][0] == 0.0
+    assert verdict == "fail"

@@ -123,3 +123,31 @@ def test_a_coarser_curve_is_the_mean_of_the_steps_it_covers() -> None:
     assert f.peak_rps() == 7.0
     with pytest.raises(ValueError, match="do not make a day"):
         TrafficForecast(profile=(1.0, 2.0), step_s=3600, basis="observed")
+
+
+def test_a_half_covered_first_day_fakes_no_trend(store: Store) -> None:
+    # The store started at noon of the first day: that day holds only the afternoon peak.
+    def before_noon(t: float) -> bool:
+        return t < AT - 3 * SECONDS_PER_DAY + 12 * 3600
+
+    write_history(store, 3, lambda _day, hour: base_rate(hour), skip=before_noon)
+    f = forecast_from_history(EmbeddedSource(store), CONFIG, POOL, AT, days=3)
+    assert f.days == 3
+    assert f.trend_per_day == pytest.approx(0.0, abs=1e-9)
+    assert f.profile == pytest.approx(tuple(base_rate(h) for h in range(24)), rel=1e-6)
+    assert any("1 day(s) holding under 90% of their steps" in n for n in f.notes)
+
+
+def test_a_partly_covered_day_enters_the_trend_de_seasonalised(store: Store) -> None:
+    # Day 1 misses one hour of its peak (23 of 24 steps held); days grow 10 % a day.
+    def gap(t: float) -> bool:
+        day_start = AT - 2 * SECONDS_PER_DAY
+        return day_start + 16 * 3600 < t <= day_start + 17 * 3600
+
+    write_history(store, 3, lambda day, hour: base_rate(hour) * (1 + 0.1 * day), skip=gap)
+    f = forecast_from_history(EmbeddedSource(store), CONFIG, POOL, AT, days=3)
+    # Raw daily means would put day 1 below the line (its peak hour is missing).
+    mean = sum(base_rate(h) for h in range(24)) / 24
+    assert f.trend_per_day == pytest.approx(0.1 * mean, rel=1e-6)
+    assert f.profile == pytest.approx(tuple(base_rate(h) * 1.3 for h in range(24)), rel=1e-6)
+    assert not any("left out of the trend" in n for n in f.notes)

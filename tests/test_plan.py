@@ -6,24 +6,29 @@ $6/GPU-hour, the L40S one 4 requests/s at $2/GPU-hour.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
 import pytest
 
 from slo.forecast import TrafficForecast, constant_traffic
-from slo.plan import Levers, current_identity, plan, required_slos, weakest_basis
+from slo.plan import Levers, current_identity, plan, required_slos, same_model, weakest_basis
+from slo.plan_candidates import gather_candidates
+from slo.profile_store import ProfileStore
 from vigil.capacity import CapacityProfile, ProfileIdentity, SloTarget
-from vigil.config import Config, parse_config
+from vigil.config import CapacityConfig, Config, parse_config
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 STEP = 6 * 3600.0
 DAY = (2.0, 10.0, 25.0, 5.0)
 
 
-def config(**pool: object) -> Config:
+def config(profiles_path: str = "vigil-capacity.json", **pool: object) -> Config:
     return parse_config({
         "pools": [{"name": "chat", "model": MODEL, "gpu": "H100", "min_replicas": 1,
                    "max_replicas": 8, **pool}],
         "prices": {"H100": 6.0, "L40S": 2.0},
-        "capacity": {"plan_step": "6h"},
+        "capacity": {"plan_step": "6h", "profiles_path": profiles_path},
         "slo_defaults": {"ttft_threshold_seconds": 0.8, "ttft_objective": 0.95,
                          "e2e_threshold_seconds": 8.0, "e2e_objective": 0.95},
     })
@@ -135,7 +140,8 @@ def test_min_replicas_zero_lets_an_idle_step_cost_nothing() -> None:
 def test_the_batch_lever_pours_batch_requests_into_the_troughs() -> None:
     cfg = config()
     levers = Levers(batch_share=0.2, sources={"batch_share": "gateway records"})
-    result = plan(cfg, cfg.pools[0], day(), [profile("H100", 10.0)], levers=levers)
+    given = TrafficForecast(profile=DAY, step_s=STEP, basis="measured")  # not from history
+    result = plan(cfg, cfg.pools[0], given, [profile("H100", 10.0)], levers=levers)
     # Kept 1.6, 8, 20, 4; the 8.4 moved step-rates raise the two lowest to 7: 7, 8, 20, 7.
     (c,) = result.candidates
     assert [n for _, n in c.replicas_curve] == [1, 1, 2, 1]
@@ -144,6 +150,21 @@ def test_the_batch_lever_pours_batch_requests_into_the_troughs() -> None:
     assert effect.name == "batch_share" and effect.applied
     assert "25 -> 20" in effect.effect
     assert c.requests_per_day == pytest.approx(sum(DAY) * STEP)  # moved, not dropped
+
+
+def test_the_batch_lever_leaves_a_forecast_from_history_alone() -> None:
+    # History already holds the batch requests where the queue released them.
+    cfg = config()
+    levers = Levers(batch_share=0.2)
+    result = plan(cfg, cfg.pools[0], day(), [profile("H100", 10.0)], levers=levers)
+    assert [n for _, n in result.candidates[0].replicas_curve] == [1, 1, 3, 1]
+    (effect,) = result.levers
+    assert effect.name == "batch_share" and not effect.applied
+    assert "history" in effect.effect
+    flat = plan(cfg, cfg.pools[0], constant_traffic(25.0, step_s=STEP),
+                [profile("H100", 10.0)], levers=levers)
+    assert flat.levers[0].applied
+    assert {n for _, n in flat.candidates[0].replicas_curve} == {3}  # a flat day has no trough
 
 
 def test_the_cache_lever_applies_only_to_traffic_with_the_hits() -> None:
@@ -209,3 +230,46 @@ def test_required_slos_and_weakest_basis() -> None:
             for s in required_slos(cfg, cfg.pools[0])} == {("ttft", 0.8, 0.95),
                                                            ("e2e", 8.0, 0.95)}
     assert weakest_basis("measured", "estimated", "observed") == "estimated"
+
+
+def test_a_model_named_without_its_organisation_or_in_another_case_is_planned() -> None:
+    assert same_model("Llama-3.1-8B-Instruct", MODEL)
+    assert same_model("META-LLAMA/llama-3.1-8b-instruct", MODEL)
+    assert not same_model("Qwen/Qwen2.5-7B", MODEL)
+    cfg = config()
+    result = plan(cfg, cfg.pools[0], day(),
+                  [profile("H100", 10.0, model="llama-3.1-8b-instruct")])
+    assert len(result.candidates) == 1 and result.notes == ()
+
+
+class _Estimator:
+    """Estimates every configuration at 10 requests/s against the SLOs asked."""
+
+    def known_calibrations(self) -> list[tuple[str, str]]:
+        return [(MODEL, "H100")]
+
+    def estimated_capacity(self, identity: ProfileIdentity, slos: Sequence[SloTarget],
+                           capacity_config: CapacityConfig, *, created_at: float = 0.0
+                           ) -> CapacityProfile:
+        return CapacityProfile(identity=identity, basis="estimated", max_concurrency=32,
+                               max_goodput_rps=10.0, max_output_tokens_per_s=2000.0,
+                               slos=tuple(slos), created_at=created_at)
+
+
+def test_a_measured_profile_of_a_looser_slo_does_not_hide_an_estimate_that_meets_it(
+        tmp_path: Path) -> None:
+    path = tmp_path / "vigil-capacity.json"
+    loose = (SloTarget("chat-ttft", "ttft", 3.0, 0.95), SloTarget("chat-e2e", "e2e", 8.0, 0.95))
+    ProfileStore(path).save(profile("H100", 20.0, slos=loose))
+    cfg = config(profiles_path=str(path))
+    found, _ = gather_candidates(cfg, cfg.pools[0], source=None, at_s=1.0e9, span_s=0.0,
+                                 estimator=_Estimator())
+    (kept,) = found
+    assert kept.basis == "estimated"
+    best = plan(cfg, cfg.pools[0], day(), found).best
+    assert best is not None and best.profile is kept
+    # With today's SLOs covered by both, the measured one wins again.
+    ProfileStore(path).save(profile("H100", 20.0))
+    found, _ = gather_candidates(cfg, cfg.pools[0], source=None, at_s=1.0e9, span_s=0.0,
+                                 estimator=_Estimator())
+    assert [p.basis for p in found] == ["measured"]
