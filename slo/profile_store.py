@@ -4,16 +4,20 @@
 (``[capacity] profiles_path``). A profile is kept per identity key, basis and pool: saving
 another measurement of the same configuration for the same pool replaces the old one. Writes
 go to a temporary file in the same folder and ``os.replace`` it over the old file, so a crash
-mid-write leaves the previous file whole, never half a file. A malformed file is refused with
-the file and the entry named, and is never overwritten: saving into it fails the same way.
+mid-write leaves the previous file whole, never half a file. A save holds an exclusive
+``fcntl.flock`` on a sidecar lock file (the path + ``.lock``) around its read-modify-write, so
+two concurrent saves both land. A malformed file is refused with the file and the entry named,
+and is never overwritten: saving into it fails the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,11 +89,30 @@ class ProfileStore:
 
     def save(self, profile: CapacityProfile) -> None:
         """Add ``profile``, replacing the saved one with the same key, basis and pool; the
-        file is replaced atomically. A malformed file is left as it is (``ConfigError``)."""
-        kept = [p for p in self.load()
-                if (p.key, p.basis, p.pool) != (profile.key, profile.basis, profile.pool)]
-        kept.append(profile)
-        self._write(kept)
+        file is replaced atomically, under an exclusive lock on ``path + ".lock"`` (waits
+        for another save to finish). A malformed file is left as it is (``ConfigError``)."""
+        with self._locked():
+            kept = [p for p in self.load()
+                    if (p.key, p.basis, p.pool) != (profile.key, profile.basis, profile.pool)]
+            kept.append(profile)
+            self._write(kept)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        # A sidecar file, not the profiles file itself: os.replace swaps the profiles file's
+        # inode, so a lock held on it would not exclude a writer that opened the new one.
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise self._error(f"cannot lock the capacity profiles ({lock_path}): "
+                              f"{exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
 
     def _write(self, profiles: list[CapacityProfile]) -> None:
         body = json.dumps({"version": FORMAT_VERSION,
@@ -111,16 +134,24 @@ class ProfileStore:
 
     def find(self, pool: PoolConfig | None = None, *,
              identity: ProfileIdentity | None = None) -> CapacityProfile | None:
-        """The best saved profile for ``pool`` or ``identity`` (None: none fits).
+        """The best saved profile for ``pool`` or ``identity`` (None: none fits): the first
+        of ``candidates(pool, identity=identity)``."""
+        found = self.candidates(pool, identity=identity)
+        return found[0] if found else None
 
-        For a pool: those saved for that pool's name, else those whose identity is the
-        pool's configuration (``identity_matches_pool``); for an identity: those with its
-        key. Among them the best basis (measured > observed > estimated), then the newest.
-        With neither, the best of all."""
+    def candidates(self, pool: PoolConfig | None = None, *,
+                   identity: ProfileIdentity | None = None) -> list[CapacityProfile]:
+        """The saved profiles that fit ``pool`` or ``identity``, best first.
+
+        For a pool: only those whose identity is the pool's configuration now
+        (``identity_matches_pool``; one saved under the pool's name before its GPU or
+        quantization changed does not describe it any more), those saved for the pool's
+        name first; for an identity: those with its key. Then the best basis (measured >
+        observed > estimated), then the newest. With neither, all of them."""
         profiles = self.load()
         if identity is not None:
             profiles = [p for p in profiles if p.key == identity.key()]
-        if pool is not None:
-            named = [p for p in profiles if p.pool == pool.name]
-            profiles = named or [p for p in profiles if identity_matches_pool(p.identity, pool)]
-        return max(profiles, key=_rank, default=None)
+        if pool is None:
+            return sorted(profiles, key=_rank, reverse=True)
+        same = [p for p in profiles if identity_matches_pool(p.identity, pool)]
+        return sorted(same, key=lambda p: (p.pool == pool.name, *_rank(p)), reverse=True)

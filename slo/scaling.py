@@ -12,9 +12,12 @@ The policy (every number from ``ScalingConfig``; see ``docs/scaling.md``):
   A projection never causes a scale-in.
 * **Cooldown:** no new decision within ``cooldown`` (5 min) of a scale-out.
 * **Capacity** (optional, ``CapacitySizing`` from a saved capacity profile): a scale-out is
-  sized by the request rate instead, ``clamp(max(current + 1, ceil(projected rate /
-  rps_per_replica)), min, max)``, and a scale-in never goes below ``ceil(rate now /
-  rps_per_replica)``. The triggers stay the same.
+  sized by the arriving load instead, ``needed = ceil((finished rate + queue growth + queued
+  / spinup) / rps_per_replica)`` (a saturated pool finishes only as fast as it already does;
+  what it does not finish piles up in the queue), and never below the proportional rule of
+  the queue and TTFT triggers: ``clamp(max(current + 1, needed, proportional), min, max)``.
+  A scale-in never goes below ``ceil(rate now / rps_per_replica)``. The triggers stay the
+  same.
 
 Everything here is pure: the signals come in as timelines, the time as ``now`` and the last
 scale-out as a timestamp, so a test (or a replay of history) gets the same answer every time.
@@ -44,6 +47,7 @@ __all__ = [
     "SIGNAL_KV",
     "SIGNAL_MAX_REPLICAS",
     "SIGNAL_MIN_REPLICAS",
+    "SIGNAL_PROPORTIONAL",
     "SIGNAL_QUEUE",
     "SIGNAL_REQUEST_RATE",
     "SIGNAL_SCALE_IN_HOLD",
@@ -83,6 +87,9 @@ SIGNAL_SCALE_IN_HOLD = "scale_in_hold"
 SIGNAL_CAPACITY = "capacity"
 #: A scale-in stopped at the replicas the current request rate needs.
 SIGNAL_CAPACITY_FLOOR = "capacity_floor"
+#: A capacity-sized scale-out raised to what the proportional rule of a queue or TTFT
+#: trigger asks (the rate of finished requests understates a saturated pool's load).
+SIGNAL_PROPORTIONAL = "proportional"
 
 #: Least-squares fit window (seconds) when the spin-up time is shorter: five minutes of
 #: 15-second samples (21 points) is enough to tell a trend from scrape-to-scrape noise.
@@ -169,7 +176,12 @@ class Reason:
     involved). ``trend_per_s`` is the fitted slope (units per second), ``window_s`` the span a
     held condition covers (seconds). ``quantile`` (ratio 0-1) is the TTFT quantile compared,
     named in ``text`` (``"TTFT p95"``). ``basis`` (capacity reasons only) is the capacity
-    profile's basis and ``replicas`` the replica count the rate needs.
+    profile's basis and ``replicas`` the replica count the rate needs. A scale-out's capacity
+    reason adds the arriving load beyond the finished rate: ``queue_growth_per_s`` (the
+    queue's rising slope, requests/s) and ``queued`` (waiting requests, to drain within
+    ``drain_s`` seconds, the spin-up time). A ``SIGNAL_PROPORTIONAL`` reason has ``value``
+    the current replicas, ``threshold`` the worst ratio of a queue/TTFT trigger to its
+    threshold, ``of`` that trigger's signal and ``replicas`` the proportional count.
     """
 
     signal: str
@@ -183,6 +195,10 @@ class Reason:
     quantile: float | None = None
     basis: str | None = None
     replicas: int | None = None
+    queue_growth_per_s: float | None = None
+    queued: float | None = None
+    drain_s: float | None = None
+    of: str | None = None
 
     @property
     def text(self) -> str:
@@ -204,12 +220,26 @@ class Reason:
         if self.signal in (SIGNAL_CAPACITY, SIGNAL_CAPACITY_FLOOR):
             when, rate = ("projected", self.projected) if self.projected is not None else (
                 "now", self.value)
-            text = (f"sized by capacity: {_rps(rate)} req/s {when} / "
+            load = f"{_rps(rate)} req/s {when}"
+            if self.queue_growth_per_s or self.queued:
+                load = f"({load} finished"
+                if self.queue_growth_per_s:
+                    load += f" + {_rps(self.queue_growth_per_s)} req/s queue growth"
+                if self.queued:
+                    load += (f" + {_count(self.queued)} queued / "
+                             f"{format_duration(self.drain_s or 0.0)}")
+                load += ")"
+            text = (f"sized by capacity: {load} / "
                     f"{_rps(self.threshold)} req/s per replica ({self.basis}) = "
                     f"{self.replicas}")
             if self.signal == SIGNAL_CAPACITY_FLOOR:
                 text += ", no scale-in below it"
             return text
+        if self.signal == SIGNAL_PROPORTIONAL:
+            label = _LABELS.get(self.of or "", self.of or "")
+            return (f"sized by {label}: {_count(self.value)} replicas × "
+                    f"{self.threshold:.2f} = {self.replicas} (the proportional rule, above "
+                    f"the capacity sizing)")
         if self.signal == SIGNAL_SCALE_IN_HOLD:
             return (
                 f"scale-in conditions held for {format_duration(self.value)} "
@@ -252,6 +282,13 @@ class Reason:
         }
         if self.basis is not None:
             out["basis"] = self.basis
+            out["replicas"] = self.replicas
+            if self.queue_growth_per_s is not None or self.queued is not None:
+                out["queue_growth_per_s"] = self.queue_growth_per_s
+                out["queued"] = self.queued
+                out["drain_s"] = self.drain_s
+        if self.of is not None:
+            out["of"] = self.of
             out["replicas"] = self.replicas
         out["text"] = self.text
         return out
@@ -423,9 +460,13 @@ def _desired_out(current: int, ratio: float | None, pool: PoolConfig) -> int:
 
 
 def _capacity_reason(capacity: CapacitySizing, rate_pts: Timeline, rate_now: float,
-                     now: float, fit_window_s: float, spinup_s: float) -> Reason:
-    """The capacity sizing of a scale-out: the rate to serve is the larger of now and the
-    rising least-squares projection over the spin-up time (the new replicas face that one)."""
+                     now: float, fit_window_s: float, spinup_s: float,
+                     queue_pts: Timeline, queue_now: float | None) -> Reason:
+    """The capacity sizing of a scale-out, for the ARRIVING load (requests/s): the finished
+    rate (the larger of now and its rising least-squares projection over the spin-up time:
+    the new replicas face that one), plus the queue's rising slope (arrivals the pool does
+    not finish), plus the waiting requests spread over the spin-up time (the backlog to drain
+    by the time the new replicas serve)."""
     fitted = trend(rate_pts, now, fit_window_s)
     projected = slope = None
     rate = rate_now
@@ -433,10 +474,20 @@ def _capacity_reason(capacity: CapacitySizing, rate_pts: Timeline, rate_now: flo
         p = fitted.at_now + fitted.slope_per_s * spinup_s
         if p > rate_now:
             projected, slope, rate = p, fitted.slope_per_s, p
+    growth = queued = drain = None
+    if queue_now is not None:
+        q_fit = trend(queue_pts, now, fit_window_s)
+        if q_fit is not None and q_fit.slope_per_s > 0:
+            growth = q_fit.slope_per_s
+            rate += growth
+        if queue_now > 0 and spinup_s > 0:
+            queued, drain = queue_now, spinup_s
+            rate += queue_now / spinup_s
     return Reason(
         SIGNAL_CAPACITY, rate_now, capacity.rps_per_replica, projected, "/",
         trend_per_s=slope, horizon_s=None if projected is None else spinup_s,
         basis=capacity.basis, replicas=capacity.replicas_for(rate),
+        queue_growth_per_s=growth, queued=queued, drain_s=drain,
     )
 
 
@@ -484,10 +535,13 @@ def decide(
 
     ``capacity`` (optional) sizes by the request rate: ``request_rate`` is the pool's rate of
     successful requests (requests/s, a timeline like the others). A scale-out then asks for
-    ``max(current + 1, ceil(rate / capacity.rps_per_replica))`` replicas, the rate being the
-    larger of now and its least-squares projection over the spin-up time; a scale-in never
-    goes below ``ceil(rate now / rps_per_replica)``. Without a fresh rate sample the
-    proportional rule sizes as before. Without ``capacity`` the result is what it always was.
+    ``max(current + 1, needed, proportional)`` replicas: ``needed = ceil(arriving /
+    capacity.rps_per_replica)``, the arriving load being the finished rate (the larger of
+    now and its least-squares projection over the spin-up time) + the queue's rising slope +
+    the queue length / spin-up time; ``proportional`` the proportional rule of the queue and
+    TTFT triggers (0 when only KV-cache usage triggered). A scale-in never goes below
+    ``ceil(rate now / rps_per_replica)``. Without a fresh rate sample the proportional rule
+    sizes as before. Without ``capacity`` the result is what it always was.
 
     Order of precedence: replica bounds (a count outside ``[min_replicas, max_replicas]`` is
     brought back inside, cooldown or not), then the cooldown, then scale-out, then scale-in.
@@ -524,6 +578,9 @@ def decide(
     # below; that is not a reason to buy a GPU).
     triggers: list[Reason] = []
     worst: float | None = None
+    # The worst queue/TTFT ratio: those measure load the pool does not finish, which a rate
+    # of finished requests cannot see, so a capacity sizing never goes below their rule.
+    pressure: tuple[float, str] | None = None
     for s in signals:
         value = values[s.name]
         if value is None:
@@ -550,6 +607,8 @@ def decide(
         r = _ratio(over, s.threshold)
         if r is not None:
             worst = r if worst is None else max(worst, r)
+            if s.name != SIGNAL_KV and (pressure is None or r > pressure[0]):
+                pressure = (r, s.name)
 
     # The cooldown ends `cooldown` after the scale-out; exactly at that instant decisions
     # are allowed again ("within 5 min" is a strict inequality).
@@ -571,17 +630,25 @@ def decide(
         )
 
     sizing = (None if capacity is None or rate_now is None
-              else _capacity_reason(capacity, rate_pts, rate_now, now, fit_window, spinup))
+              else _capacity_reason(capacity, rate_pts, rate_now, now, fit_window, spinup,
+                                    signals[1].timeline, values[SIGNAL_QUEUE]))
 
     def size_out() -> tuple[int, list[Reason]]:
         """The scale-out target and the reasons that say how it was sized."""
         if sizing is None:
             return _desired_out(current, worst, pool), []
         needed = sizing.replicas or 0
-        desired = min(max(current + 1, needed, lo), hi)
         extra = [sizing]
-        if needed > hi and desired > current:
-            extra.append(Reason(SIGNAL_MAX_REPLICAS, float(needed), float(hi), None, ">"))
+        proportional = 0
+        if pressure is not None and math.isfinite(pressure[0]):
+            proportional = math.ceil(round(current * pressure[0], _CEIL_DECIMALS))
+            if proportional > max(needed, current + 1):
+                extra.append(Reason(SIGNAL_PROPORTIONAL, float(current), pressure[0], None,
+                                    "×", replicas=proportional, of=pressure[1]))
+        desired = min(max(current + 1, needed, proportional, lo), hi)
+        wanted = max(needed, proportional)
+        if wanted > hi and desired > current:
+            extra.append(Reason(SIGNAL_MAX_REPLICAS, float(wanted), float(hi), None, ">"))
         return desired, extra
 
     # 1. Bounds: the configured floor and ceiling are not load decisions; they hold always.

@@ -24,7 +24,7 @@ from slo.cost import pool_cost
 from slo.embedded import avg_aggregate
 from slo.lookup import SemanticsLike
 from slo.quantiles import model_quantiles
-from slo.sli import RequestLog, replica_label, vllm_matchers
+from slo.sli import RequestLog, replica_label, vllm_matchers, vllm_up_matchers
 from slo.source import Source
 from slo.spec import effective_slos
 from vigil.config import Config, PoolConfig
@@ -98,21 +98,36 @@ def _recommender() -> Callable[..., Any] | None:
 
 
 def _profile_for(config: Config, pool: PoolConfig) -> tuple[Any, str | None]:
-    """``(the pool's saved capacity profile or None, why it could not be read or None)``:
-    ``ProfileStore(config.capacity_profiles_path()).find(pool)``; a missing file is no
-    profile, a malformed one is reported (the policy then sizes without it)."""
+    """``(the pool's saved capacity profile or None, why one was not used or None)``.
+
+    The best of ``ProfileStore(config.capacity_profiles_path()).candidates(pool)`` (the
+    pool's configuration now) whose SLO targets cover the pool's current latency SLOs, as
+    ``vigil plan`` requires: a profile judged against a looser target overstates what a
+    replica serves. Each profile passed over for that is named in the second item; a missing
+    file is no profile, a malformed one is reported (the policy then sizes without it)."""
+    from slo.plan import required_slos, slo_gaps
     from slo.profile_store import ProfileStore
 
     try:
-        return ProfileStore(config.capacity_profiles_path()).find(pool), None
+        candidates = ProfileStore(config.capacity_profiles_path()).candidates(pool)
     except ConfigError as exc:
         return None, str(exc)
+    required = required_slos(config, pool)
+    dropped: list[str] = []
+    for profile in candidates:
+        gaps = slo_gaps(profile, required)
+        if not gaps:
+            return profile, "; ".join(dropped) or None
+        dropped.append(f"profile {profile.key} ({profile.identity.label()}, "
+                       f"{profile.basis}): {'; '.join(gaps)}: not used")
+    return None, "; ".join(dropped) or None
 
 
 def pool_capacity(config: Config, pool: PoolConfig) -> tuple[Any, Any, str | None]:
     """``(profile, sizing, error)``: the pool's saved capacity profile, the
     ``slo.scaling.CapacitySizing`` the scaling policy sizes scale-outs with (None without a
-    usable profile) and why the profiles could not be read (None when they could). What
+    usable profile) and why the profiles could not be read or a saved one was not used
+    (None when neither happened). What
     ``vigil serve`` uses, so that a replay of its decisions (``slo.replay``) uses it too."""
     from slo.scaling import CapacitySizing
 
@@ -181,7 +196,7 @@ def pool_status(
     replica = replica_label(pool, source)
     kv = _per_instance(source.instant(VLLM_KV_CACHE_USAGE, m, at_s), sem, replica)
     waiting = source.instant(VLLM_REQUESTS_WAITING, m, at_s)
-    up = source.instant(SERIES_UP, m, at_s)
+    up = source.instant(SERIES_UP, vllm_up_matchers(pool, source), at_s)
     return {
         "models": model_quantiles(source, pool, at_s, window_s, models=models,
                                   request_log=request_log, normalised_output_tokens=(

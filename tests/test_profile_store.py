@@ -4,6 +4,8 @@ profile a pool gets."""
 from __future__ import annotations
 
 import json
+import multiprocessing
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,7 +43,9 @@ def test_save_load_round_trip_and_replacement(tmp_path: Path) -> None:
     assert len(got) == 3 and got[-1].max_goodput_rps == 7.0
     data = json.loads(store.path.read_text())
     assert data["version"] == 1 and len(data["profiles"]) == 3
-    assert [p.name for p in store.path.parent.iterdir()] == ["capacity.json"]  # no temp file
+    # No temp file left; the lock's sidecar file stays (removing it would race a waiter).
+    assert sorted(p.name for p in store.path.parent.iterdir()) == [
+        "capacity.json", "capacity.json.lock"]
 
 
 @pytest.mark.parametrize(("body", "where"), [
@@ -91,3 +95,54 @@ def test_find_for_a_pool_prefers_its_name_then_its_configuration(tmp_path: Path)
     assert store.find(other).created_at == 2  # newest of the same basis
     assert store.find(identity=fp8).identity == fp8
     assert store.find(PoolConfig(name="l4", model=IDENTITY.model, gpu="L4")) is None
+
+
+def test_find_for_a_pool_drops_its_profiles_of_another_configuration(tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path / "capacity.json")
+    pool = PoolConfig(name="chat", model=IDENTITY.model, gpu="H100")
+    # Saved for the pool before it moved to fp8 / to 2 GPUs per replica / to another GPU.
+    for changed in (replace(IDENTITY, quantization="fp8"), replace(IDENTITY, gpus_per_replica=2),
+                    replace(IDENTITY, gpu="A100"), replace(IDENTITY, speculative="ngram")):
+        store.save(profile(identity=changed, pool="chat"))
+    assert store.find(pool) is None
+    assert store.candidates(pool) == []
+    unnamed = profile(basis="estimated")
+    store.save(unnamed)
+    assert store.find(pool) == unnamed  # the configuration counts, the name only ranks
+    named = profile(basis="estimated", pool="chat", created_at=1)
+    store.save(named)
+    assert store.candidates(pool) == [named, unnamed]
+
+
+def _save_many(path: str, first: int, count: int) -> None:
+    store = ProfileStore(path)
+    for i in range(first, first + count):
+        store.save(profile(pool=f"pool-{i}", created_at=float(i)))
+
+
+def test_concurrent_saves_lose_nothing(tmp_path: Path) -> None:
+    # Two processes, each saving 15 profiles in a loop: without the lock one save's
+    # read-modify-write overwrites the other's and profiles go missing.
+    path = tmp_path / "capacity.json"
+    ctx = multiprocessing.get_context("spawn")
+    workers = [ctx.Process(target=_save_many, args=(str(path), first, 15))
+               for first in (0, 100)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+        assert w.exitcode == 0
+    pools = sorted(p.pool for p in ProfileStore(path).load())
+    assert pools == sorted([f"pool-{i}" for i in range(15)] +
+                           [f"pool-{i}" for i in range(100, 115)])
+
+
+def test_concurrent_saves_from_threads_lose_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "capacity.json"
+    threads = [threading.Thread(target=_save_many, args=(str(path), first, 20))
+               for first in (0, 100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(ProfileStore(path).load()) == 40

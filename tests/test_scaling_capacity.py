@@ -5,6 +5,7 @@ profile it used."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from slo.scaling import (
     SIGNAL_KV,
     SIGNAL_MAX_REPLICAS,
     SIGNAL_MIN_REPLICAS,
+    SIGNAL_PROPORTIONAL,
     SIGNAL_REQUEST_RATE,
     CapacitySizing,
     Recommendation,
@@ -158,6 +160,54 @@ def test_without_a_rate_the_proportional_rule_sizes() -> None:
     assert stale.desired == 3
 
 
+def test_a_saturated_pool_is_sized_by_its_queue_not_by_what_it_finishes() -> None:
+    # 4 replicas finish 24 req/s with 500 waiting and TTFT p95 5 s: the finished rate says
+    # ceil((24 + 500 / 180 s) / 5) = 6; the queue says 4 × 500 / 50 = 40 (TTFT: 4 × 5 / 0.64
+    # = 32); the larger holds, as without a profile.
+    pool = PoolConfig(name="chat", model="llama", gpu="H100", min_replicas=1, max_replicas=64)
+    args = dict(now=NOW, current=4, pool=pool, scaling=SCALING, ttft_threshold_s=TTFT_SLO,
+                last_scale_out_at=None)
+    plain = decide(flat(1.0), flat(500), flat(5.0), **args)
+    rec = decide(flat(1.0), flat(500), flat(5.0), **args, request_rate=flat(24.0),
+                 capacity=CapacitySizing(5.0, "measured"))
+    assert plain.desired == 40
+    assert (rec.action, rec.desired) == ("scale_out", 40)
+    assert reason(rec, SIGNAL_CAPACITY) == (
+        "sized by capacity: (24.0 req/s now finished + 500 queued / 3m) / 5.0 req/s per "
+        "replica (measured) = 6")
+    assert reason(rec, SIGNAL_PROPORTIONAL) == (
+        "sized by queue length: 4 replicas × 10.00 = 40 (the proportional rule, above the "
+        "capacity sizing)")
+    detail = next(x for x in rec.to_dict()["reason_details"] if x["signal"] == SIGNAL_CAPACITY)
+    assert (detail["queued"], detail["drain_s"], detail["queue_growth_per_s"]) == (
+        500.0, SCALING.spinup, None)
+
+
+def test_a_growing_queue_adds_its_slope_and_backlog_to_the_rate() -> None:
+    # 6 req/s finished, the queue 0 -> 90 over 5 min (0.3 req/s not finished) and 90 waiting
+    # (0.5 req/s to drain them within the 3-min spin-up): 6.8 / 1.0 -> 7 replicas; the rate
+    # alone would say 6, the queue's proportional rule (projected 90 + 0.3 × 180 = 144)
+    # ceil(2 × 144 / 50) = 6.
+    rec = run(flat(0.5), ramp(0.0, 90.0), rate=flat(6.0),
+              capacity=CapacitySizing(1.0, "measured"))
+    assert rec.desired == 7
+    sized = next(r for r in rec.reasons if r.signal == SIGNAL_CAPACITY)
+    assert sized.queue_growth_per_s == pytest.approx(0.3)
+    assert (sized.queued, sized.replicas) == (pytest.approx(90.0), 7)
+    assert sized.text == (
+        "sized by capacity: (6.0 req/s now finished + 0.3 req/s queue growth + 90 queued / "
+        "3m) / 1.0 req/s per replica (measured) = 7")
+    assert not [r for r in rec.reasons if r.signal == SIGNAL_PROPORTIONAL]
+
+
+def test_kv_usage_alone_does_not_raise_a_capacity_sizing() -> None:
+    # A full cache with an empty queue is served: the finished rate is the load.
+    rec = run(flat(1.0), flat(0), rate=flat(4.0), capacity=CapacitySizing(1.0, "measured"),
+              current=2)
+    assert rec.desired == 4
+    assert [r.signal for r in rec.reasons] == [SIGNAL_KV, SIGNAL_CAPACITY]
+
+
 # --- the scale-in floor ----------------------------------------------------------------------
 
 
@@ -295,7 +345,8 @@ def profile(rps: float, basis: Basis = "measured", pool: str = "chat") -> Capaci
     return CapacityProfile(
         identity=ProfileIdentity(model="llama", gpu="H100"), basis=basis,
         max_concurrency=16, max_goodput_rps=rps, max_output_tokens_per_s=rps * 200,
-        slos=(SloTarget("ttft", "ttft", 0.8, 0.99),), source="http://127.0.0.1:8000",
+        slos=(SloTarget("ttft", "ttft", 0.8, 0.99), SloTarget("e2e", "e2e", 8.0, 0.95)),
+        source="http://127.0.0.1:8000",
         pool=pool, created_at=NOW,
     )
 
@@ -357,3 +408,40 @@ def test_a_profile_that_serves_nothing_is_named_but_not_used(store: Store,
         "scaling"]
     assert scaling["profile"]["rps_per_replica"] == 0.0
     assert scaling["desired"] == 3 and "capacity" not in scaling
+
+
+def test_a_profile_judged_against_a_looser_slo_is_reported_not_used(store: Store,
+                                                                     tmp_path: Path) -> None:
+    write_replica(store, "r1", kv=0.85, per_scrape=30)
+    write_replica(store, "r2", kv=0.85, per_scrape=30)
+    path = tmp_path / "vigil-capacity.json"
+    loose = replace(profile(1.0), slos=(SloTarget("ttft", "ttft", 3.0, 0.99),
+                                        SloTarget("e2e", "e2e", 8.0, 0.95)))
+    ProfileStore(path).save(loose)
+    scaling = evaluate(status_config(path), EmbeddedSource(store), AT)["pools"]["chat"][
+        "scaling"]
+    assert (scaling["desired"], scaling["profile"]) == (3, None)  # the proportional rule
+    assert "capacity" not in scaling
+    error = scaling["profile_error"]
+    assert f"profile {loose.key}" in error and "not used" in error
+    assert "ttft <= 0.8s" in error and "judged against 3s for 0.99" in error
+    # A covering profile of a worse basis is used, and the looser one still named.
+    covering = profile(0.5, basis="estimated")
+    ProfileStore(path).save(covering)
+    scaling = evaluate(status_config(path), EmbeddedSource(store), AT)["pools"]["chat"][
+        "scaling"]
+    assert scaling["profile"]["key"] == covering.key
+    assert scaling["profile"]["basis"] == "estimated"
+    assert f"profile {loose.key}" in scaling["profile_error"]
+
+
+def test_a_profile_saved_for_the_pool_on_another_gpu_is_not_used(store: Store,
+                                                                 tmp_path: Path) -> None:
+    write_replica(store, "r1", kv=0.85, per_scrape=30)
+    write_replica(store, "r2", kv=0.85, per_scrape=30)
+    path = tmp_path / "vigil-capacity.json"
+    old_gpu = replace(profile(1.0), identity=ProfileIdentity(model="llama", gpu="A100"))
+    ProfileStore(path).save(old_gpu)
+    scaling = evaluate(status_config(path), EmbeddedSource(store), AT)["pools"]["chat"][
+        "scaling"]
+    assert (scaling["desired"], scaling["profile"]) == (3, None)
