@@ -66,7 +66,7 @@ from slo.source import Matchers
 from vigil.conventions import LABEL_LE, SOURCE_PROMETHEUS, SUFFIX_BUCKET
 from vigil.errors import SourceError
 from vigil.model import Labels, Point, labels_of
-from vigil.selectors import Selector
+from vigil.selectors import Selector, promql_string
 
 __all__ = [
     "PrometheusSource",
@@ -94,29 +94,6 @@ _STATUS_RE = re.compile(r"HTTP Status Code (\d+) \((b(['\"]).*\3)\)", re.DOTALL)
 
 
 # --- PromQL text -------------------------------------------------------------------------------
-def promql_string(value: str) -> str:
-    """``value`` as a double-quoted PromQL string literal (Go escapes: ``\\\\``, ``\\"``,
-    ``\\n``, ``\\r``, ``\\t``, other control characters as ``\\xHH``)."""
-    out = ['"']
-    for ch in value:
-        if ch == "\\":
-            out.append("\\\\")
-        elif ch == '"':
-            out.append('\\"')
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\x{ord(ch):02x}")
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
-
-
 def _label_name(name: str) -> str:
     if not _LABEL_RE.fullmatch(name):
         raise ValueError(f"{name!r} is not a valid Prometheus label name")

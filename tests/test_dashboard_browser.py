@@ -38,7 +38,7 @@ PAGES = {
                              "[data-testid='stVegaLiteChart'] svg", 6),
     "anomalies": ("Anomalies", "[data-testid='stVegaLiteChart'] canvas, "
                                "[data-testid='stVegaLiteChart'] svg", 1),
-    # Today beside the cheapest candidate (the simulator's estimate of the seeded pool): the
+    # Today beside the cheapest candidate (the simulator's estimate of the test fleet's pool): the
     # replicas-over-the-day curves and the waste chart.
     "plan": ("Plan", "[data-testid='stVegaLiteChart'] canvas, "
                      "[data-testid='stVegaLiteChart'] svg", 2),
