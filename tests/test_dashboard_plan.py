@@ -183,7 +183,7 @@ def test_the_waste_chart_is_used_against_the_lower_bound(seeded: Path,
                                    if s.lower_bound_gpu_hours is not None])
     # The whole 15-minute steps within the 6 h: AT is 400 s past a step, so 23, not 24.
     assert AT % STEP == 400 and len(used) == 23
-    # ~1 req/s on two replicas of 0.5 req/s each: under the bound (the scale-out the test store holds).
+    # ~1 req/s on two replicas of 0.5 req/s each: under the bound (the stored scale-out).
     assert found.waste_gpu_hours < 0
     assert "below the lower bound" in texts(app)
     labels = {m.label: m.value for m in app.metric}

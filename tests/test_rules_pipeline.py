@@ -300,10 +300,15 @@ def test_budget_low_kv_high_and_target_down() -> None:
     assert kv.expr == ('avg by (pool, instance) (vllm:kv_cache_usage_perc{pool="chat", '
                        'kind="vllm"}) > 0.85')
     assert kv.for_s == 120 and kv.to_dict()["for"] == "2m"
-    (down,) = _alerts(result, "TargetDown")  # batch has no target: no rule
+    down, batch = _alerts(result, "TargetDown")
     assert down.expr == 'up{pool="chat"} == 0'
     assert down.for_s == 3 * 15.0
     assert down.labels == {"severity": "ticket", "pool": "chat", "model": MODEL}
+    # batch has no target: a PodMonitor or the team's relabelled jobs scrape it, so its
+    # up{pool, kind} is watched as a whole.
+    assert batch.expr == ('up{pool="batch", kind="vllm"} == 0\nor\n'
+                          'up{pool="batch", kind="dcgm"} == 0')
+    assert batch.for_s == 3 * 15.0 and batch.labels["pool"] == "batch"
 
 
 def test_target_down_splits_a_pool_whose_targets_scrape_at_different_rates() -> None:
@@ -311,7 +316,7 @@ def test_target_down_splits_a_pool_whose_targets_scrape_at_different_rates() -> 
         {"name": "a", "url": "http://h:1/metrics", "pool": "chat"},
         {"name": "b", "url": "http://h:2/metrics", "pool": "chat", "scrape_interval": "1m"},
     ], alerts={"target_down_scrapes": 1})
-    rules = _alerts(generate(config), "TargetDown")
+    rules = [r for r in _alerts(generate(config), "TargetDown") if r.origin.pool == "chat"]
     assert [(r.expr, r.for_s, r.origin.instance) for r in rules] == [
         ('up{pool="chat", instance="a"} == 0', 0.0, "a"),
         ('up{pool="chat", instance="b"} == 0', 0.0, "b")]
