@@ -37,6 +37,7 @@ __all__ = [
     "fetch_once",
     "parse_fetched",
     "points_from_families",
+    "root_cause",
     "scrape",
     "scrape_points",
     "scrape_series_points",
@@ -210,9 +211,9 @@ async def fetch(
     except httpx.TimeoutException:
         raise ScrapeError(f"timeout after {timeout:g}s", target=target) from None
     except httpx.ConnectError as exc:
-        raise ScrapeError(f"connection failed: {_root_cause(exc)}", target=target) from None
+        raise ScrapeError(f"connection failed: {root_cause(exc)}", target=target) from None
     except httpx.HTTPError as exc:
-        raise ScrapeError(f"{type(exc).__name__}: {_root_cause(exc)}", target=target) from None
+        raise ScrapeError(f"{type(exc).__name__}: {root_cause(exc)}", target=target) from None
 
 
 async def _get(
@@ -239,7 +240,8 @@ async def _get(
         return b"".join(chunks), resp.headers.get("content-type")
 
 
-def _root_cause(exc: BaseException) -> str:
+def root_cause(exc: BaseException) -> str:
+    """The innermost cause of ``exc`` as text ("connection refused" for a refusal)."""
     while exc.__cause__ is not None or exc.__context__ is not None:
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
     text = str(exc) or type(exc).__name__

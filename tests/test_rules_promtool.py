@@ -52,7 +52,7 @@ CONFIGS: dict[str, tuple[Config, RulesOptions]] = {
         **DEFAULTS,
         "pools": [*DEFAULTS["pools"], {"name": "found", "model": "m"},
                   {"name": "lone", "model": "m", "scrape_interval": "20s"}],
-        "discovery": [{"name": "k8s", "files": ["/tmp/none.json"], "pool": "found",
+        "discovery": [{"name": "k8s", "files": ["targets/found.json"], "pool": "found",
                        "scrape_interval": "30s"}],
     }), RulesOptions()),
 }

@@ -170,6 +170,8 @@ async def _watch(targets: TargetSet, cfg: Config, as_json: bool) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
+        # Signal handlers need the main thread of a Unix loop; elsewhere Ctrl-C still ends the
+        # watch through KeyboardInterrupt.
         with suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     reported = targets.errors()

@@ -13,6 +13,7 @@ import json
 import httpx
 
 from collector.discovery.model import DiscoveryError, TargetGroup, parse_groups
+from collector.scrape import root_cause
 from vigil.config import DiscoveryConfig
 from vigil.conventions import USER_AGENT
 
@@ -68,7 +69,7 @@ class HttpSource:
             raise DiscoveryError(f"no answer within {min(HTTP_SD_TIMEOUT_S, interval):g}s",
                                  source=url) from None
         except httpx.HTTPError as exc:
-            raise DiscoveryError(f"request failed: {_root_cause(exc)}", source=url) from None
+            raise DiscoveryError(f"request failed: {root_cause(exc)}", source=url) from None
         if resp.status_code != 200:
             raise DiscoveryError(f"HTTP status {resp.status_code} {resp.reason_phrase} "
                                  "(http_sd wants 200)", source=url)
@@ -84,12 +85,3 @@ class HttpSource:
             raise DiscoveryError(f"invalid JSON at line {exc.lineno} column {exc.colno}: "
                                  f"{exc.msg}", source=url) from None
         return parse_groups(doc, where=url)
-
-
-def _root_cause(exc: BaseException) -> str:
-    while exc.__cause__ is not None or exc.__context__ is not None:
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    text = str(exc) or type(exc).__name__
-    if "Connection refused" in text or "Errno 111" in text:
-        return "connection refused"
-    return text
