@@ -697,8 +697,21 @@ class GatewayConfig(_Section):
 
     #: host:port the gateway listens on.
     listen: str = Field(default="127.0.0.1:8080", pattern=r"^[^:\s]+:\d{1,5}$")
-    #: Per-request records and the batch queue (SQLite; relative to the config file).
+    #: Per-request records, the batch queue and the shared cache entries (SQLite; relative to
+    #: the config file), unless ``database`` names a PostgreSQL server.
     records_path: str = "vigil-gateway.db"
+    #: ``postgresql://user@host:port/dbname`` to keep the records, the batch queue and the
+    #: semantic cache's entries on one PostgreSQL database that several gateway instances share
+    #: ("" = the SQLite file ``records_path``). Put the password in ``PGPASSWORD`` or
+    #: ``~/.pgpass`` (libpq reads both), not in the config file.
+    database: str = Field(default="", pattern=r"^(|postgres(ql)?://\S*)$")
+    #: Records held in memory while the database cannot be written (a restart, a network
+    #: cut); beyond this many the oldest are dropped and counted.
+    records_buffer: int = Field(default=100_000, ge=1000)
+    #: How a request picks its replica: ``least_outstanding`` (fewest requests in flight) or
+    #: ``prefix_aware`` (the replica likely to hold the prompt's prefix in its KV cache, within
+    #: a bound on load imbalance and the tier's TTFT).
+    routing: Literal["least_outstanding", "prefix_aware"] = "prefix_aware"
     #: max_tokens set on requests that carry neither max_tokens nor max_completion_tokens.
     default_max_tokens: int = Field(default=512, ge=1)
     #: A request above its tier's cap: "reject" (OpenAI-style 400) or "clamp" (recorded).
@@ -863,6 +876,11 @@ class Config(_Section):
         if not p.is_absolute() and self.source:
             p = Path(self.source).resolve().parent / p
         return p
+
+    def gateway_database(self) -> str | Path:
+        """Where the gateway keeps its shared state: the ``[gateway] database`` URL when set,
+        else the SQLite file ``gateway_records_path()``."""
+        return self.gateway.database or self.gateway_records_path()
 
     def gateway_records_path(self) -> Path:
         """The gateway's records database; a relative path is relative to the config file."""

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+from vigil.database import SQLITE, Dialect
 from vigil.errors import StoreError, VigilError
 
 __all__ = ["BUSY_TIMEOUT_MS", "Database", "Synchronous"]
@@ -127,6 +128,14 @@ class Database:
         return conn
 
     # --- plumbing --------------------------------------------------------------------------
+    #: The SQL dialect (``vigil.database``): stores that also run on PostgreSQL ask it.
+    dialect: Dialect = SQLITE
+
+    @property
+    def display(self) -> str:
+        """The file's path, as errors name it."""
+        return str(self.path)
+
     @property
     def conn(self) -> sqlite3.Connection:
         """The connection (an error once closed). Hold ``lock`` while using it."""

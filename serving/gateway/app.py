@@ -92,7 +92,7 @@ def _batch_queue(gateway: Gateway, cfg: Config, clock: Clock) -> Any:
     async def auth(request: Request) -> Caller:
         return gateway.keys.authenticate(request.headers.get("authorization"))
 
-    return BatchQueue(cfg.gateway_records_path(), cfg.gateway.batch,
+    return BatchQueue(cfg.gateway_database(), cfg.gateway.batch,
                       pools=[p.name for p in cfg.pools], load=gateway.upstreams.load,
                       send=gateway.send_batch, auth=auth, clock=clock,
                       pool_of_model=gateway.pool_of_model)

@@ -206,7 +206,7 @@ class Gateway:
         self.admission = Admission(gw, self.upstreams, clock=clock)
         self.forwarder = Forwarder(self.upstreams, read_timeout=gw.read_timeout,
                                    retry_after=self.admission.retry_after)
-        self.records = RecordWriter(cfg.gateway_records_path())
+        self.records = RecordWriter(cfg.gateway_database(), max_queue=gw.records_buffer)
         self.cache = CacheBridge(gw.cache, clock=clock, cache=cache)
         #: The batch queue's depth per pool (set by the app when the queue runs).
         self.batch_depth: Any = None

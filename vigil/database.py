@@ -1,0 +1,236 @@
+"""Which database a store lives in: an SQLite file, or a PostgreSQL server several processes share.
+
+The gateway's records, batch queue and cache entries are written through one small interface
+that ``vigil.sqlite.Database`` (the embedded default) and ``vigil.postgres.PostgresDatabase``
+both implement: ``query``, ``execute``, ``transaction`` (yielding a connection-like object with
+``execute`` and ``executemany``), ``after_commit``, ``on_rollback``, ``snapshot`` and ``close``.
+A store writes its SQL once, in the subset both accept:
+
+- ``?`` placeholders (the PostgreSQL side turns them into psycopg's ``%s``);
+- ``INSERT ... ON CONFLICT (...) DO UPDATE SET c = excluded.c`` / ``DO NOTHING``, never
+  SQLite's ``INSERT OR REPLACE``;
+- ``RETURNING`` instead of ``cursor.lastrowid``;
+- the schema in SQLite's spelling (``INTEGER``, ``REAL``, ``BLOB``, ``INTEGER PRIMARY KEY
+  AUTOINCREMENT``): ``Dialect.ddl`` gives PostgreSQL ``BIGINT``, ``DOUBLE PRECISION``,
+  ``BYTEA`` and ``BIGSERIAL PRIMARY KEY``, so existing SQLite files keep their exact schema;
+- row locks that only PostgreSQL needs (``Dialect.skip_locked``): SQLite's ``BEGIN IMMEDIATE``
+  already lets one writer at a time in.
+
+Schema changes are numbered steps (``migrate``), recorded per component in ``vigil_schema`` and
+applied on open, under PostgreSQL's advisory lock so that two instances starting together do
+not both apply them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from contextlib import AbstractContextManager
+
+__all__ = [
+    "POSTGRESQL",
+    "POSTGRES_SCHEMES",
+    "SQLITE",
+    "Dialect",
+    "SqlDatabase",
+    "is_postgres_url",
+    "migrate",
+    "open_database",
+    "redact_url",
+]
+
+#: URL schemes that name a PostgreSQL server (libpq accepts both).
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+#: The table that records which schema steps each component has applied.
+SCHEMA_TABLE = "vigil_schema"
+
+
+def is_postgres_url(target: str | Path) -> bool:
+    """Whether ``target`` is a PostgreSQL URL (else it is an SQLite file path)."""
+    return isinstance(target, str) and target.startswith(POSTGRES_SCHEMES)
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + host))
+
+
+_PG_TYPES = (
+    (re.compile(r"\bINTEGER PRIMARY KEY AUTOINCREMENT\b", re.I), "BIGSERIAL PRIMARY KEY"),
+    (re.compile(r"\bINTEGER\b", re.I), "BIGINT"),
+    (re.compile(r"\bREAL\b", re.I), "DOUBLE PRECISION"),
+    (re.compile(r"\bBLOB\b", re.I), "BYTEA"),
+)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between the two databases, as far as Vigil's stores go."""
+
+    name: Literal["sqlite", "postgresql"]
+
+    @property
+    def postgres(self) -> bool:
+        return self.name == "postgresql"
+
+    def ddl(self, statement: str) -> str:
+        """A ``CREATE``/``ALTER`` statement written in SQLite's types, for this database."""
+        if not self.postgres:
+            return statement
+        for pattern, replacement in _PG_TYPES:
+            statement = pattern.sub(replacement, statement)
+        return statement
+
+    def skip_locked(self, *tables: str) -> str:
+        """The clause that locks the selected rows and skips rows another transaction holds
+        (``FOR UPDATE [OF t, ...] SKIP LOCKED``); "" on SQLite, where the write transaction
+        already excludes other writers."""
+        if not self.postgres:
+            return ""
+        return f" FOR UPDATE{' OF ' + ', '.join(tables) if tables else ''} SKIP LOCKED"
+
+
+SQLITE = Dialect("sqlite")
+POSTGRESQL = Dialect("postgresql")
+
+
+class Cursor(Protocol):
+    rowcount: int
+
+    def fetchall(self) -> list[Any]: ...
+
+    def fetchone(self) -> Any: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Connection(Protocol):
+    """What ``transaction()`` and ``snapshot()`` yield on either database."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor: ...
+
+    def executemany(self, sql: str, seq: Sequence[Sequence[Any]]) -> Any: ...
+
+
+class SqlDatabase(Protocol):
+    """The interface both ``vigil.sqlite.Database`` and ``vigil.postgres.PostgresDatabase``
+    offer (see the module docstring)."""
+
+    what: str
+    dialect: Dialect
+    readonly: bool
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def display(self) -> str:
+        """The file path, or the URL without its password, as errors name it."""
+        ...
+
+    def query(self, sql: str, params: Sequence[Any] = (), *, doing: str = "read"
+              ) -> list[Any]: ...
+
+    def execute(self, sql: str, params: Sequence[Any] = (), *, doing: str = "write") -> int: ...
+
+    def transaction(self, *, doing: str = "write") -> AbstractContextManager[Connection]: ...
+
+    def snapshot(self) -> AbstractContextManager[Connection]: ...
+
+    def after_commit(self, callback: Callable[[], object]) -> None: ...
+
+    def on_rollback(self, undo: Callable[[], object]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def open_database(target: str | Path, *, what: str, schema: Sequence[str] = (),
+                  component: str | None = None, migrations: Sequence[Sequence[str]] = (),
+                  readonly: bool = False, pool_size: int = 4, **sqlite_options: Any
+                  ) -> SqlDatabase:
+    """Open ``target`` (an SQLite path or a PostgreSQL URL) for a store.
+
+    ``schema`` (SQLite spelling, ``CREATE ... IF NOT EXISTS``) is applied on open unless
+    ``readonly``; then ``migrations`` of ``component`` (see ``migrate``). ``pool_size``: the
+    PostgreSQL connection pool's maximum (SQLite keeps one connection). ``sqlite_options`` go
+    to ``vigil.sqlite.Database`` (``synchronous``, ``check``, ``error``...).
+    Errors are ``StoreError`` naming the file or the URL (password removed).
+    """
+    db: SqlDatabase
+    if is_postgres_url(target):
+        from vigil.postgres import PostgresDatabase
+
+        db = PostgresDatabase(str(target), what=what, schema=schema, readonly=readonly,
+                              max_size=pool_size)
+    else:
+        from vigil.sqlite import Database
+
+        db = Database(target, what=what, schema=schema, readonly=readonly, **sqlite_options)
+    if migrations and not readonly:
+        if component is None:
+            raise ValueError("migrations need a component name")
+        try:
+            migrate(db, component, migrations)
+        except BaseException:
+            db.close()
+            raise
+    return db
+
+
+def migrate(db: SqlDatabase, component: str, steps: Sequence[Sequence[str]]) -> int:
+    """Apply the schema steps of ``component`` that ``db`` has not applied yet; how many ran.
+
+    Step ``i`` (from 1) is a list of statements in SQLite's spelling (``Dialect.ddl`` adapts
+    them), applied in one transaction together with the new version number, so a step is
+    applied entirely or not at all. Steps are append-only: a released step is never edited.
+    A database whose version is newer than the steps known here (a newer Vigil wrote it) is
+    refused rather than written with an old layout.
+    """
+    from vigil.errors import StoreError
+
+    d = db.dialect
+    applied = 0
+    with db.transaction(doing=f"migrate the schema of {db.what}") as conn:
+        if d.postgres:
+            # One instance migrates at a time; the others wait here, then find nothing to do.
+            conn.execute("SELECT pg_advisory_xact_lock(?)", (_lock_key(SCHEMA_TABLE),))
+        conn.execute(d.ddl(f"CREATE TABLE IF NOT EXISTS {SCHEMA_TABLE} ("
+                           "component TEXT PRIMARY KEY, version INTEGER NOT NULL)"))
+        row = conn.execute(f"SELECT version FROM {SCHEMA_TABLE} WHERE component = ?",
+                           (component,)).fetchone()
+        version = int(row[0]) if row else 0
+        if version > len(steps):
+            raise StoreError(f"{db.display}: {db.what} has schema version {version} of "
+                             f"{component!r}, newer than this Vigil knows ({len(steps)}): "
+                             "upgrade Vigil or use another database")
+        for number, statements in enumerate(steps[version:], start=version + 1):
+            for statement in statements:
+                conn.execute(d.ddl(statement))
+            applied += 1
+            conn.execute(f"INSERT INTO {SCHEMA_TABLE} (component, version) VALUES (?, ?) "
+                         "ON CONFLICT (component) DO UPDATE SET version = excluded.version",
+                         (component, number))
+    return applied
+
+
+def _lock_key(name: str) -> int:
+    """A stable signed 64-bit advisory-lock key for ``name``."""
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big",
+                          signed=True)
