@@ -18,6 +18,7 @@ __all__ = [
     "ScrapeError",
     "SourceError",
     "StoreError",
+    "StoreUnavailable",
     "VigilError",
 ]
 
@@ -80,7 +81,14 @@ class IngestError(VigilError):
 
 
 class StoreError(VigilError):
-    """The sample store could not be opened or written."""
+    """A database (the sample store, the outbox, the gateway's records, batch queue or cache
+    entries) could not be opened, read or written."""
+
+
+class StoreUnavailable(StoreError):
+    """The database server cannot be reached (down, restarting, network cut): nothing was
+    written, and the same call may succeed later. Writers that must not lose data buffer and
+    retry on this error."""
 
 
 class GatewayError(VigilError):
