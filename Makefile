@@ -8,12 +8,12 @@ STAMP  := $(VENV)/.vigil-installed
 # apt-get needs root; use sudo when we are not root and sudo exists.
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint venv prometheus alertmanager chromium bench clean
+.PHONY: demo test lint venv prometheus alertmanager chromium postgresql bench clean
 
 demo: venv
 	$(BIN)/vigil demo
 
-test: venv prometheus alertmanager chromium
+test: venv prometheus alertmanager chromium postgresql
 	$(BIN)/ruff check --no-cache .
 	$(BIN)/pytest
 
@@ -54,6 +54,17 @@ alertmanager:
 		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends prometheus-alertmanager; \
 		if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
 			$(SUDO) systemctl disable --now prometheus-alertmanager 2>/dev/null || true; fi; }
+
+# Several gateways share one PostgreSQL database; its tests start their own server (Debian's
+# package) in a temporary directory, so the cluster and service the package sets up are stopped.
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || { \
+		echo "PostgreSQL server not found: installing Debian's postgresql package"; \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends postgresql; \
+		if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
+			echo "disabling the postgresql.service the package enabled (tests start their own on loopback)"; \
+			$(SUDO) systemctl disable --now postgresql 2>/dev/null || true; \
+		else $(SUDO) service postgresql stop 2>/dev/null || true; fi; }
 
 # The dashboard's browser test drives Debian's Chromium headless (never a downloaded browser).
 chromium:

@@ -85,3 +85,9 @@ def http_server() -> Iterator[LoopbackServer]:
     its ``respond``; it records every request and is shut down at teardown."""
     with LoopbackServer() as server:
         yield server
+
+
+# The PostgreSQL fixtures (``postgres_server``, ``postgres_url``) for every module, so a test
+# names them as parameters without importing them; imported last, since that module uses
+# ``require_binary`` above.
+from postgres_server import postgres_server, postgres_url  # noqa: E402, F401

