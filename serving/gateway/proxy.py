@@ -15,15 +15,24 @@ the replica time it held. Upstream requests carry ``Accept-Encoding: identity``:
 relayed byte for byte, never decompressed and re-compressed. A response is either read to its
 end and its connection kept for the next request, or closed with its connection: closing an
 unfinished response is how the gateway tells vLLM to abort.
+
+With prefix-aware routing (``routing``) a request's prompt (``prefix.PromptKey``, from
+``Forwarder.prompt_of``) goes with it: ``pick`` routes by it, the replica is told what it was
+sent (``Upstreams.sent``), and its prefill counts as waiting there until its first token, for
+a stream the first body bytes from the replica (vLLM sends its first event once the prompt is
+prefilled; that TTFT teaches the replica's prefill rate), else the end of the answer.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from serving.gateway.errors import UpstreamFailure, UpstreamTimeout
+from serving.gateway.prefix import PromptKey
+from serving.gateway.routing import Sent
 from serving.gateway.upstream_http import ConnectFailed, ReadTimeout, Response, UpstreamError
 from serving.gateway.upstreams import Replica, Upstreams
 
@@ -53,6 +62,13 @@ class Charge:
 
     replica: Replica | None = None
     share_s: float = 0.0
+    #: Its prefill, waiting on the replica for the first token (prefix-aware routing only).
+    sent: Sent | None = None
+
+    def settle(self) -> None:
+        """The exchange is over: its prefill waits no more (if it still did)."""
+        if self.sent is not None:
+            self.sent.settle()
 
 
 @dataclass(slots=True)
@@ -82,11 +98,35 @@ class OpenStream:
         request once the replica ends the body (``Response.detach``); else the connection is
         closed at once (the replica aborts the request). Synchronous, so it runs even in a
         task being cancelled."""
+        response = self.response
+        if isinstance(response, _FirstRead):
+            response = response.response
         if whole:
-            self.response.detach(_TAIL_GRACE_S)
+            response.detach(_TAIL_GRACE_S)
         else:
-            self.response.close()
+            response.close()
         self.charge.share_s += self.replica.ledger.leave(self.mark)
+        self.charge.settle()
+
+
+class _FirstRead:
+    """A stream's response that calls ``on_first`` once its first body bytes are read, then
+    gets out of the way: after the first ``read`` the instance's own ``read`` is the
+    response's, so the relay's later reads cost nothing extra."""
+
+    def __init__(self, response: Response, on_first: Callable[[], None]) -> None:
+        self.response = response
+        self._on_first = on_first
+
+    async def read(self) -> bytes:
+        data = await self.response.read()
+        self.read = self.response.read  # type: ignore[method-assign]
+        if data:
+            self._on_first()
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.response, name)
 
 
 def error_message(data: dict[str, Any]) -> str:
@@ -115,37 +155,49 @@ class Forwarder:
         self._read_timeout = read_timeout
         self._retry_after = retry_after
 
+    def prompt_of(self, endpoint: str, body: Mapping[str, Any]) -> PromptKey | None:
+        """What to route a request of ``endpoint`` with ``body`` by (``Upstreams.prompt_of``;
+        None with least-outstanding routing)."""
+        return self._up.prompt_of(endpoint, body)
+
     def _failure(self, replica: Replica, exc: BaseException) -> UpstreamFailure | UpstreamTimeout:
         return failure(replica.name, exc, self._read_timeout)
 
     async def _send(self, pool: str, path: str, payload: bytes, *, premium: bool,
-                    charge: Charge) -> tuple[Replica, Response, float]:
+                    charge: Charge, prompt: PromptKey | None
+                    ) -> tuple[Replica, Response, float]:
         """Send on the routed replica, or on another one if it cannot be reached; the replica,
         the response with its body unread, and the ledger mark (left by the caller)."""
         exclude: Replica | None = None
         for attempt in (1, 2):
-            replica = self._up.pick(pool, beyond_kv_limit=premium, exclude=exclude)
+            replica = self._up.pick(pool, beyond_kv_limit=premium, exclude=exclude,
+                                    prompt=prompt)
             if replica is None:
                 raise self._up.no_replica(pool, retry_after=self._retry_after)
             connections = replica.connections
             if connections is None:
                 raise RuntimeError("the gateway's upstreams are not started")
             charge.replica = replica
+            if prompt is not None:
+                charge.sent = self._up.sent(replica, prompt)
             mark = replica.ledger.enter()
             try:
                 # Cancelled before the answer's head, the connection is closed (post's own).
                 response = await connections.post(path, payload)
                 return replica, response, mark
             except ConnectFailed as exc:
+                charge.settle()
                 replica.ledger.leave(mark)  # nothing ran there: nothing to charge
                 replica.mark_down(f"connect failed: {describe(exc)}")
                 if attempt == 2:
                     raise UpstreamFailure(replica.name, describe(exc)) from None
                 exclude = replica
             except UpstreamError as exc:
+                charge.settle()
                 charge.share_s += replica.ledger.leave(mark)
                 raise self._failure(replica, exc) from None
             except BaseException:
+                charge.settle()
                 charge.share_s += replica.ledger.leave(mark)  # cancelled: charged all the same
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
@@ -161,23 +213,31 @@ class Forwarder:
         finally:
             response.close()
             charge.share_s += replica.ledger.leave(mark)
+            charge.settle()
         return _reply(replica, response.status, content)
 
     async def unary(self, pool: str, path: str, payload: bytes, *, premium: bool = False,
-                    charge: Charge) -> UpstreamReply:
-        """POST ``payload`` to ``path`` on a replica of ``pool``; the complete answer."""
+                    charge: Charge, prompt: PromptKey | None = None) -> UpstreamReply:
+        """POST ``payload`` to ``path`` on a replica of ``pool``; the complete answer.
+        ``prompt``: what prefix-aware routing routes by (``prompt_of``)."""
         replica, response, mark = await self._send(pool, path, payload, premium=premium,
-                                                   charge=charge)
+                                                   charge=charge, prompt=prompt)
         return await self._complete(replica, response, mark, charge)
 
     async def open(self, pool: str, path: str, payload: bytes, *, premium: bool = False,
-                   charge: Charge) -> OpenStream | UpstreamReply:
+                   charge: Charge, prompt: PromptKey | None = None
+                   ) -> OpenStream | UpstreamReply:
         """POST a streaming request: the open stream on a 200 event stream, else the complete
-        answer (an error, or garbage raised as ``UpstreamFailure``)."""
+        answer (an error, or garbage raised as ``UpstreamFailure``). ``prompt`` as for
+        ``unary``."""
         replica, response, mark = await self._send(pool, path, payload, premium=premium,
-                                                   charge=charge)
+                                                   charge=charge, prompt=prompt)
         if response.status == 200 and (response.header(b"content-type") or "").startswith(
                 "text/event-stream"):
+            sent = charge.sent
+            if sent is not None and sent.waiting:
+                first = _FirstRead(response, sent.first_token)
+                return OpenStream(replica, first, mark, charge)  # type: ignore[arg-type]
             return OpenStream(replica, response, mark, charge)
         return await self._complete(replica, response, mark, charge)
 

@@ -22,7 +22,11 @@ answer goes through ``collector.exposition.parse``; a server that ignores the fi
 parses, only slower.
 
 Routing: among healthy replicas whose KV-cache usage is at most ``max_kv_usage`` (unknown usage
-counts as room), the one with the fewest requests this gateway has in flight; ties rotate.
+counts as room), the one with the fewest requests this gateway has in flight; ties rotate
+(``[gateway] routing = "least_outstanding"``). With ``prefix_aware`` (the default) a chat or
+completions request whose prompt a replica holds goes there instead, within bounds on load and
+TTFT (``routing`` says how); the poll then also reads ``vllm:cache_config_info`` (the KV
+cache's size) and ``process_start_time_seconds`` (a restart empties the cache).
 
 Connections: requests to a replica go through its ``upstream_http.ReplicaConnections`` (its
 own keep-alive connections, opened by ``start``; why not httpx is said there); the polls use
@@ -45,6 +49,15 @@ from collector.discovery import ORIGIN_STATIC, TargetSet
 from collector.exposition import normalise_vllm_names, parse
 from serving.gateway.accounting import ShareLedger, gpu_cost_per_second
 from serving.gateway.errors import NoReplica
+from serving.gateway.prefix import PromptKey, prompt_key
+from serving.gateway.routing import (
+    ReplicaRouting,
+    Sent,
+    load_bound,
+    threshold_for,
+    ttft_thresholds,
+    uncached_tokens,
+)
 from serving.gateway.types import PoolLoad
 from serving.gateway.upstream_http import ReplicaConnections
 from vigil.clock import Clock, system_clock
@@ -54,6 +67,7 @@ from vigil.conventions import (
     KIND_VLLM,
     SCRAPE_ACCEPT,
     VLLM_KV_CACHE_USAGE,
+    VLLM_PREFIX_CACHE_QUERIES,
     VLLM_REQUESTS_RUNNING,
     VLLM_REQUESTS_WAITING,
 )
@@ -65,6 +79,15 @@ log = logging.getLogger("vigil.gateway.upstreams")
 
 _USER_AGENT = "vigil-gateway/0.1"
 _METRICS_QUERY = [("name[]", n) for n in GATEWAY_POLLED_SERIES]
+#: What prefix-aware routing also reads: the KV cache's size (an info gauge whose labels
+#: carry ``num_gpu_blocks`` and ``block_size``), and two signs of a restart, which empties the
+#: cache: the server's start time, and a counter going back (the start time is missing where
+#: the filter or a multiprocess registry leaves the process collector out).
+_CACHE_CONFIG_INFO = "vllm:cache_config_info"
+_PROCESS_START = "process_start_time_seconds"
+_RESTART_COUNTER = VLLM_PREFIX_CACHE_QUERIES
+_PREFIX_METRICS_QUERY = [*_METRICS_QUERY, *(("name[]", n) for n in (
+    _CACHE_CONFIG_INFO, _PROCESS_START, _RESTART_COUNTER))]
 #: A poll answer larger than this is refused (bytes): the three gauges take a few hundred.
 _MAX_POLL_BYTES = 8 * 1024 * 1024
 #: Seconds an idle upstream connection is kept: below uvicorn's (so vLLM's) 5 s keep-alive, so
@@ -121,6 +144,8 @@ class Replica:
     #: Out of routing (removed from discovery, or replaced): only its in-flight requests use
     #: it until they end.
     draining: bool = False
+    #: What prefix-aware routing knows of it (``routing.ReplicaRouting``).
+    routing: ReplicaRouting = field(default_factory=ReplicaRouting)
 
     @property
     def outstanding(self) -> int:
@@ -149,6 +174,10 @@ class Upstreams:
         self._monotonic = monotonic
         self._interval = gw.health_interval
         self._max_kv = gw.max_kv_usage
+        self.prefix_aware = gw.routing == "prefix_aware"
+        self._metrics_query = _PREFIX_METRICS_QUERY if self.prefix_aware else _METRICS_QUERY
+        #: (pool, endpoint) -> TTFT SLO threshold (seconds) prefix-aware routing keeps to.
+        self._ttft = ttft_thresholds(cfg) if self.prefix_aware else {}
         self._connect_timeout = gw.connect_timeout
         # Reads of a stream may pause for long between tokens: only a silent upstream times out.
         self._read_timeout = gw.read_timeout
@@ -292,6 +321,7 @@ class Upstreams:
             return
         self.pools[r.pool].remove(r)
         r.draining = True
+        r.routing.forget()
         log.info("replica %s of pool %s left (%s); %d request(s) still on it", r.name,
                  r.pool, r.origin, r.outstanding)
         if r.connections is not None:
@@ -377,7 +407,7 @@ class Upstreams:
         try:
             health, metrics = await asyncio.gather(
                 self._get(f"{r.api_base}/health"),
-                self._get(r.metrics_url, params=_METRICS_QUERY))
+                self._get(r.metrics_url, params=self._metrics_query))
         except httpx.HTTPError as exc:
             r.mark_down(f"poll failed: {type(exc).__name__}: {exc}".rstrip(": "))
             return
@@ -405,10 +435,43 @@ class Upstreams:
         r.kv_usage = sum(kv) / len(kv) if kv else None
         r.waiting = round(sum(waiting)) if waiting else None
         r.running = round(sum(running)) if running else None
+        if self.prefix_aware:
+            self._cache_facts(r, families)
         if not r.healthy:
             log.info("replica %s of pool %s is healthy", r.name, r.pool)
         r.healthy = True
         r.last_error = ""
+
+    def _cache_facts(self, r: Replica, families: Iterable[Any]) -> None:
+        """Take the KV cache's size and the signs of a restart from a good poll; forget what
+        was sent to a replica whose cache is empty again (its start time changed or its
+        counter went back, or it comes back from down with neither to tell)."""
+        capacity = 0
+        start: float | None = None
+        queries: float | None = None
+        for fam in families:
+            for s in fam.samples:
+                if s.name == _CACHE_CONFIG_INFO:
+                    # One sample per engine, each with its own cache; "None" when unset.
+                    with contextlib.suppress(KeyError, ValueError):
+                        capacity += int(s.labels["num_gpu_blocks"]) * int(s.labels["block_size"])
+                elif s.name == _PROCESS_START:
+                    start = float(s.value)
+                elif s.name == _RESTART_COUNTER:
+                    queries = (queries or 0.0) + float(s.value)
+        state = r.routing
+        if capacity > 0:
+            state.set_capacity(capacity)
+        restarted = ((state.start_time is not None and start is not None
+                      and start != state.start_time)
+                     or (state.counter is not None and queries is not None
+                         and queries < state.counter))
+        if restarted or (start is None and queries is None and not r.healthy):
+            if state.chunks:
+                log.info("replica %s of pool %s %s: its prefix cache is empty", r.name, r.pool,
+                         "restarted" if restarted else "is back")
+            state.forget()
+        state.start_time, state.counter = start, queries
 
     async def wait_refresh(self, timeout: float) -> bool:
         """Wait at most ``timeout`` seconds for the next poll round; True if one finished."""
@@ -445,12 +508,17 @@ class Upstreams:
         return r.healthy and (r.kv_usage is None or r.kv_usage <= self._max_kv)
 
     def pick(self, pool: str, *, beyond_kv_limit: bool = False,
-             exclude: Replica | None = None) -> Replica | None:
+             exclude: Replica | None = None, prompt: PromptKey | None = None
+             ) -> Replica | None:
         """The replica a new request of ``pool`` goes to, or None.
 
         Least outstanding among healthy replicas with KV room; with ``beyond_kv_limit``
-        (premium), the healthy replica with the least KV usage when none has room.
+        (premium), the healthy replica with the least KV usage when none has room. With
+        prefix-aware routing and a ``prompt``, the replica holding most of it, within the
+        load and TTFT bounds (``routing``); least outstanding when none holds any of it.
         """
+        if prompt is not None and self.prefix_aware:
+            return self._pick_prefix(pool, prompt, beyond_kv_limit, exclude)
         replicas = self.pools.get(pool, [])
         n = len(replicas)
         if not n:
@@ -469,6 +537,68 @@ class Upstreams:
                 best = min(healthy, key=lambda r: (r.kv_usage or 0.0, r.outstanding))
         return best
 
+    def _pick_prefix(self, pool: str, prompt: PromptKey, beyond_kv_limit: bool,
+                     exclude: Replica | None) -> Replica | None:
+        """``pick`` for a prompt: the least-outstanding choice (same rotation), unless a
+        replica within the bounds holds a longer prefix of the prompt."""
+        replicas = self.pools.get(pool, [])
+        n = len(replicas)
+        if not n:
+            return None
+        start = self._rotation[pool] = (self._rotation[pool] + 1) % n
+        room: list[Replica] = []
+        least: Replica | None = None
+        for i in range(n):
+            r = replicas[(start + i) % n]
+            if r is exclude or not self._has_room(r):
+                continue
+            room.append(r)
+            if least is None or r.outstanding < least.outstanding:
+                least = r
+        if least is None:
+            if beyond_kv_limit:
+                healthy = [r for r in replicas if r.healthy and r is not exclude]
+                if healthy:
+                    least = min(healthy, key=lambda r: (r.kv_usage or 0.0, r.outstanding))
+            return least
+        bound = load_bound([r.outstanding for r in room])
+        objective = threshold_for(self._ttft, pool, prompt.endpoint)
+        best: Replica | None = None
+        best_matched = 0
+        for r in room:  # in rotation order: ties keep the first, as least outstanding does
+            if r.outstanding > bound:
+                continue
+            matched = r.routing.matched(prompt.hashes)
+            if matched < best_matched or matched == 0:
+                continue
+            if matched == best_matched and best is not None and \
+                    r.outstanding >= best.outstanding:
+                continue
+            if objective is not None and \
+                    r.routing.predicted_ttft(uncached_tokens(prompt, matched)) > objective:
+                continue
+            best, best_matched = r, matched
+        if best is None:
+            least.routing.load_routed += 1
+            return least
+        best.routing.prefix_routed += 1
+        return best
+
+    def prompt_of(self, endpoint: str, body: Mapping[str, Any]) -> PromptKey | None:
+        """The prompt of a request to route by (``prefix.prompt_key``); None when routing
+        is least outstanding (nothing is hashed then)."""
+        return prompt_key(endpoint, body) if self.prefix_aware else None
+
+    def sent(self, replica: Replica, prompt: PromptKey) -> Sent:
+        """``prompt`` is being sent to ``replica``: remember its chunks there, and count its
+        uncached tokens as prefill waiting there until ``Sent.settle``."""
+        state = replica.routing
+        tokens = uncached_tokens(prompt, state.matched(prompt.hashes))
+        state.record(prompt.hashes)
+        ticket = Sent(state, tokens, state.pending_tokens, self._monotonic, self._monotonic())
+        state.pending_tokens += tokens
+        return ticket
+
     def replicas(self) -> list[Replica]:
         """Every routable replica of every pool (not the draining ones)."""
         return [r for rs in self.pools.values() for r in rs]
@@ -479,8 +609,15 @@ class Upstreams:
 
     def describe(self) -> list[dict[str, Any]]:
         """Every replica, draining ones included, as ``/health`` shows it: name, pool, API
-        base, origin, health, requests in flight, KV-cache usage (ratio 0-1)."""
-        return [{"name": r.name, "pool": r.pool, "url": r.api_base, "origin": r.origin,
-                 "healthy": r.healthy, "draining": r.draining, "in_flight": r.outstanding,
-                 "kv_cache_usage": r.kv_usage, "last_error": r.last_error}
-                for r in [*self.replicas(), *self._draining]]
+        base, origin, health, requests in flight, KV-cache usage (ratio 0-1); with
+        prefix-aware routing also ``routing`` (``ReplicaRouting.describe``)."""
+        out: list[dict[str, Any]] = []
+        for r in [*self.replicas(), *self._draining]:
+            d: dict[str, Any] = {
+                "name": r.name, "pool": r.pool, "url": r.api_base, "origin": r.origin,
+                "healthy": r.healthy, "draining": r.draining, "in_flight": r.outstanding,
+                "kv_cache_usage": r.kv_usage, "last_error": r.last_error}
+            if self.prefix_aware:
+                d["routing"] = r.routing.describe()
+            out.append(d)
+        return out

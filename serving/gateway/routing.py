@@ -1,0 +1,231 @@
+"""Prefix-aware routing: send a request where its prompt's prefix is likely cached.
+
+``[gateway] routing = "prefix_aware"`` (the default). For each replica the gateway remembers the
+prompt chunks (``prefix.PromptKey``) it sent there recently, in an LRU as large as the
+replica's KV cache (``vllm:cache_config_info``: ``num_gpu_blocks`` x ``block_size`` tokens,
+else ``DEFAULT_KV_TOKENS``). A request goes to the replica holding the longest prefix of its
+chunks, among the replicas that can take it (healthy, KV usage at most ``max_kv_usage``) and
+
+* whose load stays within a bound: requests in flight at most the least loaded replica's plus
+  ``max(LOAD_SLACK, LOAD_RATIO x the mean)`` (a cache hit saves prefill, not decode: a replica
+  far busier than the others would make every token of the request slower than the prefill
+  it saves), and
+* whose predicted time to first token stays under the pool's TTFT SLO threshold, when the
+  pool has a TTFT SLO: (uncached prompt tokens + tokens of the requests still waiting for
+  their first token there) / the replica's prefill rate, learned from the TTFT of its
+  streaming requests (``DEFAULT_PREFILL_TOKENS_PER_S`` before any).
+
+No replica holding any of the prompt, or several holding as much: the fewest requests in
+flight, with the same rotation as ``least_outstanding``, so traffic that shares no prefix is
+routed exactly as ``least_outstanding`` routes it. A replica that leaves or restarts
+(``process_start_time_seconds`` changed or ``vllm:prefix_cache_queries_total`` went back; or
+back from down when it exports neither) starts with an empty LRU: its cache is empty.
+
+This module holds the per-replica state and the arithmetic; ``upstreams.Upstreams.pick`` runs
+the choice, ``proxy.Forwarder`` records what it sent and when the first token came.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from serving.gateway.prefix import CHUNK_TOKENS, PromptKey
+from slo.spec import effective_slos
+from vigil.config import Config
+from vigil.conventions import ENDPOINT_ALL
+
+__all__ = [
+    "DEFAULT_KV_TOKENS",
+    "DEFAULT_PREFILL_TOKENS_PER_S",
+    "LOAD_RATIO",
+    "LOAD_SLACK",
+    "MIN_LEARN_TOKENS",
+    "PREFILL_EWMA_ALPHA",
+    "ReplicaRouting",
+    "Sent",
+    "load_bound",
+    "threshold_for",
+    "ttft_thresholds",
+    "uncached_tokens",
+]
+
+#: KV-cache capacity assumed for a replica whose /metrics has no ``vllm:cache_config_info``
+#: (tokens): a 7-8B model on one 80 GB GPU holds a few hundred thousand, a smaller GPU or a
+#: larger model far fewer; underestimating only forgets prefixes early.
+DEFAULT_KV_TOKENS = 100_000
+#: Prefill throughput assumed before a replica's first observed TTFT (tokens per second):
+#: below what one H100 prefills for a 7-8B model (well over 10,000), so until it has data the
+#: router rather doubts than overloads a replica.
+DEFAULT_PREFILL_TOKENS_PER_S = 5_000.0
+#: Weight of a new observation in the prefill-rate EWMA: about the last ten streams count.
+PREFILL_EWMA_ALPHA = 0.2
+#: A TTFT observation teaches the prefill rate only when the prefill work it waited for was at
+#: least this many tokens: below, network and scheduling overheads, not prefill, make its TTFT.
+MIN_LEARN_TOKENS = 256
+#: The load bound: a replica may have at most ``min + max(LOAD_SLACK, LOAD_RATIO x mean)``
+#: requests in flight to be chosen for its cache. The slack lets a tenant's bursts stay on
+#: one replica at low load (a few requests more cost little on a batch of dozens); the ratio
+#: lets the imbalance grow with the load but never past half the mean again, the point where
+#: decode slowdown on the busy replica outweighs the prefill saved (SGLang's cache-aware
+#: router uses the same two-part shape: an absolute and a relative threshold).
+LOAD_SLACK = 4
+LOAD_RATIO = 0.5
+
+
+def load_bound(outstanding: list[int]) -> float:
+    """The most requests in flight a replica may have to be chosen for its cache, given the
+    in-flight counts of the replicas that can take the request."""
+    return min(outstanding) + max(LOAD_SLACK, LOAD_RATIO * sum(outstanding) / len(outstanding))
+
+
+def ttft_thresholds(cfg: Config) -> dict[tuple[str, str], float]:
+    """(pool, endpoint) -> the strictest TTFT SLO threshold (seconds) that applies to it
+    (``endpoint`` ``all`` for an SLO over every endpoint); pools without one are absent."""
+    out: dict[tuple[str, str], float] = {}
+    for spec in effective_slos(cfg):
+        if spec.indicator != "ttft" or spec.threshold_seconds is None:
+            continue
+        key = (spec.pool, spec.endpoint)
+        out[key] = min(out.get(key, spec.threshold_seconds), spec.threshold_seconds)
+    return out
+
+
+def threshold_for(thresholds: dict[tuple[str, str], float], pool: str,
+                  endpoint: str) -> float | None:
+    """The TTFT threshold (seconds) a request of ``pool`` and ``endpoint`` must meet, or None."""
+    both = [t for t in (thresholds.get((pool, endpoint)), thresholds.get((pool, ENDPOINT_ALL)))
+            if t is not None]
+    return min(both) if both else None
+
+
+class ReplicaRouting:
+    """What prefix-aware routing knows of one replica: the prompt chunks sent to it recently
+    (an LRU of at most ``capacity_tokens`` worth of chunks), the prefill work waiting there
+    for a first token, its learned prefill rate, and how its requests were routed."""
+
+    __slots__ = ("_lru", "capacity_tokens", "counter", "load_routed", "pending_tokens",
+                 "prefill_rate", "prefix_routed", "start_time")
+
+    def __init__(self, capacity_tokens: int = DEFAULT_KV_TOKENS) -> None:
+        # Least recently sent first: that end is forgotten first, as vLLM evicts free blocks.
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self.capacity_tokens = capacity_tokens
+        #: Uncached prompt tokens of the requests sent here still waiting for their first token.
+        self.pending_tokens = 0
+        #: Learned prefill throughput (tokens per second); None before the first observation.
+        self.prefill_rate: float | None = None
+        #: Requests sent here for their cached prefix, and by load (no prefix, or over bounds).
+        self.prefix_routed = 0
+        self.load_routed = 0
+        #: The replica's ``process_start_time_seconds`` (Unix seconds) and
+        #: ``vllm:prefix_cache_queries_total`` (tokens) at the last poll: how a restart shows.
+        self.start_time: float | None = None
+        self.counter: float | None = None
+
+    @property
+    def chunks(self) -> int:
+        """Chunks remembered now."""
+        return len(self._lru)
+
+    @property
+    def capacity_chunks(self) -> int:
+        return max(1, self.capacity_tokens // CHUNK_TOKENS)
+
+    def set_capacity(self, tokens: int) -> None:
+        """The replica's KV cache holds ``tokens``: remember at most that much."""
+        self.capacity_tokens = max(CHUNK_TOKENS, tokens)
+        self._trim()
+
+    def matched(self, hashes: tuple[int, ...]) -> int:
+        """How many leading chunks of ``hashes`` were sent here (and not forgotten)."""
+        lru = self._lru
+        n = 0
+        for h in hashes:
+            if h not in lru:
+                break
+            n += 1
+        return n
+
+    def record(self, hashes: tuple[int, ...]) -> None:
+        """The chunks ``hashes`` were sent here: they are the most recent now, the first one
+        most of all (vLLM frees a request's blocks tail first, so a prefix outlives its
+        continuations, and so does its memory here)."""
+        lru = self._lru
+        for h in reversed(hashes):
+            lru[h] = None
+            lru.move_to_end(h)
+        self._trim()
+
+    def _trim(self) -> None:
+        lru, cap = self._lru, self.capacity_chunks
+        while len(lru) > cap:
+            lru.popitem(last=False)
+
+    def forget(self) -> None:
+        """The replica's cache is empty (it restarted, or it is a new one)."""
+        self._lru.clear()
+
+    @property
+    def rate(self) -> float:
+        """The prefill rate routing assumes (tokens per second)."""
+        return self.prefill_rate if self.prefill_rate is not None \
+            else DEFAULT_PREFILL_TOKENS_PER_S
+
+    def predicted_ttft(self, uncached_tokens: int) -> float:
+        """Seconds to the first token of a request with ``uncached_tokens`` to prefill here,
+        behind the prefill work already waiting."""
+        return (uncached_tokens + self.pending_tokens) / self.rate
+
+    def learn(self, work_tokens: int, ttft_s: float) -> None:
+        """A request that had ``work_tokens`` of prefill ahead of and including its own got
+        its first token after ``ttft_s`` seconds."""
+        if work_tokens < MIN_LEARN_TOKENS or ttft_s <= 0:
+            return
+        sample = work_tokens / ttft_s
+        rate = self.prefill_rate
+        self.prefill_rate = sample if rate is None else \
+            rate + PREFILL_EWMA_ALPHA * (sample - rate)
+
+    def describe(self) -> dict[str, object]:
+        """For ``/health``: chunks remembered and capacity (tokens), waiting prefill (tokens),
+        learned prefill rate (tokens per second, None before data), routing counters."""
+        return {"prefix_chunks": self.chunks, "kv_capacity_tokens": self.capacity_tokens,
+                "pending_prefill_tokens": self.pending_tokens,
+                "prefill_tokens_per_s": None if self.prefill_rate is None
+                else round(self.prefill_rate, 1),
+                "prefix_routed": self.prefix_routed, "load_routed": self.load_routed}
+
+
+def uncached_tokens(prompt: PromptKey, matched: int) -> int:
+    """Prompt tokens a replica holding ``matched`` leading chunks must still prefill."""
+    return max(0, prompt.tokens - matched * CHUNK_TOKENS)
+
+
+@dataclass(slots=True)
+class Sent:
+    """One request sent with prefix-aware routing: its prefill work on its replica, until
+    its first token (``Upstreams.first_token``) or its end (``Upstreams.finished``)."""
+
+    routing: ReplicaRouting
+    #: Uncached prompt tokens it brought, and prefill tokens waiting there when it was sent.
+    tokens: int
+    ahead: int
+    #: The monotonic clock (seconds) and its reading when it was sent.
+    clock: Callable[[], float]
+    sent_at: float
+    waiting: bool = True
+
+    def first_token(self) -> None:
+        """Its first token came now: its prefill is over, and its TTFT teaches the rate."""
+        if self.waiting:
+            self.settle()
+            self.routing.learn(self.tokens + self.ahead, self.clock() - self.sent_at)
+
+    def settle(self) -> None:
+        """Its prefill waits no more (its answer ended, or failed): nothing learned."""
+        if self.waiting:
+            self.waiting = False
+            r = self.routing
+            r.pending_tokens = max(0, r.pending_tokens - self.tokens)
