@@ -31,7 +31,7 @@ def key(body: dict[str, Any], **kwargs: Any) -> Any:
 def test_public_surface() -> None:
     assert sorted(serving.cache.__all__) == [
         "CacheDecision", "CacheHit", "CacheKey", "CacheStats", "Embedder", "LocalEmbedder",
-        "RemoteEmbedder", "SemanticCache", "assemble_stream", "replay_stream"]
+        "RemoteEmbedder", "SemanticCache", "SharedEntries", "assemble_stream", "replay_stream"]
 
 
 def test_a_greedy_faq_request_is_cacheable() -> None:

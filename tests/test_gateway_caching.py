@@ -144,3 +144,27 @@ def test_no_header_when_the_cache_is_off(fleet: FleetHandle, tmp_path) -> None:
         raw = gw.client().chat.completions.with_raw_response.create(
             model=MODEL, messages=QUESTION, temperature=0, max_tokens=2)
     assert "x-vigil-cache" not in raw.headers
+
+
+def test_an_answer_stored_by_one_gateway_is_a_hit_on_another(fleet: FleetHandle,
+                                                              tmp_path) -> None:
+    # Two instances on one database; only the explicit syncs below read it.
+    cfg = gateway_config(tmp_path, fleet.base_urls, gateway={"cache": {
+        "enabled": True, "embeddings": fleet.base_urls[0], "embedding_model": MODEL,
+        "sync_interval": "1h"}})
+    with running_gateway(cfg) as a, running_gateway(cfg) as b:
+        first = a.client(STANDARD).chat.completions.with_raw_response.create(
+            model=MODEL, messages=QUESTION, temperature=0, max_tokens=11)
+        assert first.headers["x-vigil-cache"] == "miss"
+        _drain(a)
+        a.call(a.gateway.cache._cache.sync_now)
+        b.call(b.gateway.cache._cache.sync_now)
+        served = _served(fleet)
+        again = b.client(STANDARD).chat.completions.with_raw_response.create(
+            model=MODEL, messages=QUESTION, temperature=0, max_tokens=11)
+        assert again.headers["x-vigil-cache"] == "hit-l1"
+        assert again.parse().choices[0].message.content == first.parse().choices[0].message.content
+        assert _served(fleet) == served  # no GPU work
+        hit = b.record(again.headers["x-vigil-request-id"])
+        assert (hit.cache_hit, hit.cost_usd, hit.replica) == ("l1", 0.0, "")
+        assert hit.saved_usd is None  # what it cost is known on A only

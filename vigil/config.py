@@ -660,6 +660,10 @@ class BatchConfig(_Section):
     poll_interval: Duration = 1.0
     #: Results are kept this long after a batch completes (seconds).
     retention: Duration = 7 * 86400.0
+    #: A claimed request stays the claiming instance's this long without renewal (seconds;
+    #: renewed every third of it): the requests of an instance that died are sent again by
+    #: another one this much later.
+    lease: Duration = Field(default=30.0, gt=0)
 
 
 class CacheConfig(_Section):
@@ -685,6 +689,9 @@ class CacheConfig(_Section):
     #: Runtime of the local model: "onnx" (ONNX Runtime, ~2.5x faster; exported to ONNX on
     #: first use), "torch" (sentence-transformers), or "auto": ONNX Runtime, else torch.
     embedding_backend: Literal["auto", "onnx", "torch"] = "auto"
+    #: How often each gateway instance reads the answers the others stored in the gateway
+    #: database (seconds): one instance's answer hits on the others this much later.
+    sync_interval: Duration = Field(default=1.0, gt=0)
 
     @field_validator("embeddings")
     @classmethod

@@ -2,7 +2,8 @@
 
 See docs/semantic-cache.md. The public surface is ``__all__``; the modules behind it are
 policy.py (bypass rules), keys.py (partition and hashes), embedder.py, index.py, negation.py,
-store.py, responses.py and stream.py.
+store.py, shared.py (the entries shared by gateway instances through their database),
+responses.py and stream.py.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from serving.cache.cache import CacheDecision, CacheHit, CacheStats, SemanticCache
 from serving.cache.embedder import Embedder, LocalEmbedder, RemoteEmbedder
 from serving.cache.keys import CacheKey
+from serving.cache.shared import SharedEntries
 from serving.cache.stream import assemble_stream, replay_stream
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "LocalEmbedder",
     "RemoteEmbedder",
     "SemanticCache",
+    "SharedEntries",
     "assemble_stream",
     "replay_stream",
 ]

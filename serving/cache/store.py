@@ -3,15 +3,18 @@
 Every entry is reachable by its exact L1 hash and, when it has an embedding, through the vector
 index of its L2 partition. The store is bounded by ``max_entries`` (least recently *used*
 evicted first: a hit refreshes an entry's place) and entries expire ``ttl`` seconds after they
-were stored (a hit does not extend the TTL: the answer gets no fresher by being read).
-Expired entries are dropped when met by a lookup and swept, oldest first, on every insert.
+were stored (a hit does not extend the TTL: the answer gets no fresher by being read). An
+entry another gateway instance stored (serving/cache/shared.py) keeps the expiry it was given
+there. Expired entries are dropped when met by a lookup and swept, soonest expiry first, on
+every insert.
 
 All methods run on the event loop's thread; only ``VectorIndex.search`` may run elsewhere.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+import heapq
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,8 +53,8 @@ class EntryStore:
         self._entries: OrderedDict[int, Entry] = OrderedDict()  # LRU order, oldest first
         self._by_l1: dict[str, int] = {}
         self._indexes: dict[str, VectorIndex] = {}
-        #: (expires_at, id) in insertion order: with one TTL for all, expiry order too.
-        self._expiry: deque[tuple[float, int]] = deque()
+        #: (expires_at, id), a heap: entries of other instances arrive with their own expiry.
+        self._expiry: list[tuple[float, int]] = []
         self._next_id = 1
         self.evictions = 0
         self.expirations = 0
@@ -98,8 +101,10 @@ class EntryStore:
             self._entries.move_to_end(entry.id)
 
     def put(self, *, l1: str, body: bytes, l2_partition: str | None = None,
-            vector: np.ndarray | None = None, query: str | None = None) -> Entry:
-        """Store an answer; replaces the entry with the same ``l1``; evicts beyond the bound."""
+            vector: np.ndarray | None = None, query: str | None = None,
+            expires_at: float | None = None) -> Entry:
+        """Store an answer; replaces the entry with the same ``l1``; evicts beyond the bound.
+        ``expires_at`` (Unix seconds on the clock) defaults to now + ``ttl``."""
         now = self._clock()
         self.sweep(now)
         old = self._by_l1.get(l1)
@@ -113,7 +118,8 @@ class EntryStore:
                 index = None
             elif index is None:
                 index = self._indexes[l2_partition] = VectorIndex(vector.shape[0])
-        entry = Entry(id=self._next_id, l1=l1, body=body, expires_at=now + self.ttl,
+        entry = Entry(id=self._next_id, l1=l1, body=body,
+                      expires_at=now + self.ttl if expires_at is None else expires_at,
                       l2_partition=l2_partition if index is not None else None,
                       query=query if index is not None else None)
         self._next_id += 1
@@ -121,22 +127,22 @@ class EntryStore:
             index.add(entry.id, vector)
         self._entries[entry.id] = entry
         self._by_l1[l1] = entry.id
-        self._expiry.append((entry.expires_at, entry.id))
+        heapq.heappush(self._expiry, (entry.expires_at, entry.id))
         while len(self._entries) > self.max_entries:
             self._remove(next(iter(self._entries.values())))  # least recently used
             self.evictions += 1
         if len(self._expiry) > 2 * self.max_entries + 16:
             # Evicted and replaced entries leave stale ids behind until their expiry time; at
             # a high store rate that is many per TTL. Rebuild from the live entries.
-            self._expiry = deque(sorted((e.expires_at, e.id) for e in self._entries.values()))
+            self._expiry = sorted((e.expires_at, e.id) for e in self._entries.values())
         return entry
 
     def sweep(self, now: float | None = None) -> int:
-        """Drop expired entries, oldest first; returns how many."""
+        """Drop expired entries, soonest expiry first; returns how many."""
         now = self._clock() if now is None else now
         dropped = 0
         while self._expiry and self._expiry[0][0] <= now:
-            _, entry_id = self._expiry.popleft()
+            _, entry_id = heapq.heappop(self._expiry)
             entry = self._entries.get(entry_id)
             if entry is not None:
                 self._remove(entry)

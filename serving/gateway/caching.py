@@ -12,6 +12,9 @@ The cache itself (L1 exact, L2 embeddings, partitions, negation guard, TTL, LRU)
   hit returns unchanged (its choices and usage), in an LRU as large as the cache
   (``max_entries``).
 
+With the gateway database (``database``), the cache's entries are shared with the other gateway
+instances on it (serving/cache/shared.py); ``warm_up`` joins them, ``aclose`` leaves.
+
 The import is guarded: without ``serving.cache`` (or its ``semantic`` extra) the gateway runs
 with the cache off, and refuses to start only if the config turns it on.
 """
@@ -26,6 +29,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from vigil.config import CacheConfig
@@ -74,7 +78,9 @@ class CacheBridge:
     """The semantic cache as the gateway uses it; inert when ``[gateway.cache]`` is off."""
 
     def __init__(self, cfg: CacheConfig, *, clock: Callable[[], float] = time.time,
-                 cache: Any = None) -> None:
+                 cache: Any = None, database: str | Path | None = None) -> None:
+        """``database``: the gateway database (SQLite path or PostgreSQL URL) through which
+        the entries are shared; unused when the cache is off or ``cache`` is given."""
         self.enabled = cfg.enabled or cache is not None
         self._cache = cache
         if cfg.enabled and cache is None:
@@ -82,7 +88,7 @@ class CacheBridge:
                 raise ConfigError("the semantic cache is enabled but serving.cache cannot be "
                                   f"imported ({_IMPORT_ERROR}); install the 'semantic' extra "
                                   "or set enabled = false", key="gateway.cache.enabled")
-            self._cache = SemanticCache.from_config(cfg, clock=clock)
+            self._cache = SemanticCache.from_config(cfg, clock=clock, database=database)
         self._costs: OrderedDict[str, float] = OrderedDict()
         self._max_costs = cfg.max_entries
         self._tasks: set[asyncio.Task[None]] = set()
@@ -148,8 +154,15 @@ class CacheBridge:
         return replay_stream(response, include_usage=include_usage)
 
     async def warm_up(self) -> None:
-        """Load the embedding model now (until it is loaded, semantic lookups miss); a model
-        that cannot load is logged and the cache runs on its exact layer."""
+        """Join the shared entries (the ones in the database are loaded), then load the
+        embedding model (until it is loaded, semantic lookups miss); a model that cannot load
+        is logged and the cache runs on its exact layer."""
+        start = getattr(self._cache, "start", None)
+        if start is not None:
+            try:
+                await start()
+            except Exception as exc:  # the cache works unshared
+                log.warning("semantic cache: the shared entries cannot be used (%s)", exc)
         warm = getattr(self._cache, "warm_up", None)
         if warm is None:
             return
