@@ -1,5 +1,6 @@
-"""The batch queue survives a gateway restart: what was in flight is sent again, and every
-request has exactly one result (serving/gateway/batch.py, batch_store.py)."""
+"""The batch queue survives a gateway restart: what was in flight is sent again once its lease
+has run out, and every request has exactly one result (serving/gateway/batch.py,
+batch_store.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from test_gateway_batch_support import (
     POOL,
     ControlledLoad,
+    FakeClock,
     HttpSender,
     LoopThread,
     batch_config,
@@ -25,9 +27,10 @@ from test_gateway_batch_support import (
 )
 
 from serving.gateway.batch import BatchRequest
-from serving.gateway.batch_store import BatchStore, NewRequest
+from serving.gateway.batch_store import DEFAULT_LEASE, BatchStore, NewRequest
 from serving.sim.testing import running_fleet
 from vigil.conventions import BATCH_TABLE_BATCHES, BATCH_TABLE_FILES, BATCH_TABLE_REQUESTS
+from vigil.database import SCHEMA_TABLE
 
 
 @pytest.fixture
@@ -46,6 +49,7 @@ def test_restart_mid_batch_delivers_every_result_exactly_once(loop: LoopThread,
                                                               tmp_path: Path) -> None:
     path = tmp_path / "gw.db"
     ids = [f"q{i}" for i in range(6)]
+    clock = FakeClock()
     load = ControlledLoad()
     load.idle()
     with running_fleet(1, scheduling_policy="priority") as fleet:
@@ -59,17 +63,24 @@ def test_restart_mid_batch_delivers_every_result_exactly_once(loop: LoopThread,
             return await first(req)
 
         with running_queue(loop, path, batch_config(max_in_flight=2), send=send_then_hang,
-                           load=load) as (client, queue):
+                           load=load, clock=clock) as (client, queue):
             b = submit(client, [chat_line(x) for x in ids])
             wait_until(lambda: get_batch(client, b["id"])["request_counts"]["completed"] == 2)
             wait_until(lambda: len(first.sent) == 4, what="q2 and q3 in flight")
-            assert queue.depth(POOL) == 4
+            wait_until(lambda: queue.depth(POOL) == 4, what="the depth of the next poll")
         # The gateway stopped with q2 and q3 in flight and q4, q5 queued.
         assert _states(path) == {"ok": 2, "in_flight": 2, "queued": 2}
 
         second = HttpSender(fleet.base_urls[0])
         with running_queue(loop, path, batch_config(max_in_flight=2), send=second,
-                           load=load) as (client, queue):
+                           load=load, clock=clock) as (client, queue):
+            wait_until(lambda: get_batch(client, b["id"])["request_counts"]["completed"] == 4,
+                       what="q4 and q5 done")
+            # q2 and q3 are still leased to the stopped gateway: not sent before it runs out.
+            wait_until(clock.readings_after(20))
+            assert sorted(second.sent) == ["q4", "q5"]
+            assert get_batch(client, b["id"])["status"] == "in_progress"
+            clock.now += DEFAULT_LEASE + 1
             done = wait_status(client, b["id"], "completed")
             assert done["request_counts"] == {"total": 6, "completed": 6, "failed": 0}
             out = file_lines(client, done["output_file_id"])
@@ -83,7 +94,8 @@ def test_restart_mid_batch_delivers_every_result_exactly_once(loop: LoopThread,
     assert done["error_file_id"] is None
 
 
-def test_store_requeues_in_flight_on_open(tmp_path: Path) -> None:
+def test_a_restarted_store_takes_in_flight_requests_back_when_the_lease_runs_out(
+        tmp_path: Path) -> None:
     store = BatchStore(tmp_path / "gw.db")
     store.add_batch(tenant="t", key_id="k", input_file_id="file-1",
                     endpoint="/v1/chat/completions", completion_window="24h", window_s=86400,
@@ -94,8 +106,9 @@ def test_store_requeues_in_flight_on_open(tmp_path: Path) -> None:
     assert [c.custom_id for c in claimed] == ["c0", "c1"]
     store.close()
     reopened = BatchStore(tmp_path / "gw.db")
-    assert reopened.requeue_in_flight() == 2
-    assert [c.custom_id for c in reopened.claim(POOL, 5, now=0)] == ["c0", "c1", "c2"]
+    assert reopened.owner != store.owner
+    assert [c.custom_id for c in reopened.claim(POOL, 5, now=DEFAULT_LEASE - 1)] == ["c2"]
+    assert [c.custom_id for c in reopened.claim(POOL, 5, now=DEFAULT_LEASE + 1)] == ["c0", "c1"]
     reopened.close()
 
 
@@ -112,7 +125,6 @@ def test_requests_of_a_cancelled_or_expired_batch_are_not_requeued(tmp_path: Pat
     assert store.expire_due(now=3600) == [ids[1]]
     store.close()  # the process stops with all three in flight
     reopened = BatchStore(tmp_path / "gw.db")
-    assert reopened.requeue_in_flight() == 3
     assert [c.custom_id for c in reopened.claim(POOL, 5, now=3600)] == ["keep-1"]
     assert reopened.finalize_ready(now=3601) == ids[:2]
     statuses = [b.status for i in ids if (b := reopened.batch(i, "t")) is not None]
@@ -126,5 +138,5 @@ def test_tables_are_the_conventions_names(tmp_path: Path) -> None:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
                                            "AND name NOT LIKE 'sqlite_%'")}
         mode = db.execute("PRAGMA journal_mode").fetchone()[0]
-    assert tables == {BATCH_TABLE_FILES, BATCH_TABLE_BATCHES, BATCH_TABLE_REQUESTS}
+    assert tables == {BATCH_TABLE_FILES, BATCH_TABLE_BATCHES, BATCH_TABLE_REQUESTS, SCHEMA_TABLE}
     assert mode == "wal"

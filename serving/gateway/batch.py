@@ -1,7 +1,8 @@
 """The batch tier: a durable queue released when a pool has headroom or in off-peak hours.
 
 Callers submit work through the OpenAI batches API (``router()``, see ``batch_api``); requests
-wait in SQLite (``batch_store``) until ``run()`` releases them to ``send``, per pool:
+wait in the gateway's database (``batch_store``: SQLite, or PostgreSQL shared by several
+gateway instances) until ``run()`` releases them to ``send``, per pool:
 
 * while the pool has **headroom** -- ``load(pool)`` shows KV-cache usage below
   ``[gateway.batch] headroom_kv_usage`` and fewer than ``headroom_queue_length`` waiting
@@ -13,21 +14,30 @@ wait in SQLite (``batch_store``) until ``run()`` releases them to ``send``, per 
 
 A send that raises or answers 429/5xx is retried with exponential backoff, ``retry_attempts``
 tries in all, then written to the batch's error file; another 4xx goes to the error file at
-once. Delivery is at-least-once: a request in flight when the process stops is sent again
-after the restart, and its ``(batch_id, custom_id)`` gets exactly one line in the results.
+once. Delivery is at-least-once: a request is claimed under a lease that the instance renews
+while it works on it; a request in flight when its instance stops (or loses the database for
+longer than the lease) is sent again by whichever instance claims it next, after the lease has
+run out, and its ``(batch_id, custom_id)`` gets exactly one line in the results.
+
+Every database call runs in one worker thread of the queue, never on the event loop (on
+PostgreSQL a call is a network round trip, and during an outage it waits for the pool's
+timeout). While the database is unreachable (``StoreUnavailable``) the release loop logs once,
+keeps what it has sent in memory and tries again every poll; the API answers 503.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Request
 
@@ -36,7 +46,7 @@ from serving.gateway.batch_store import BatchStore, ClaimedRequest, new_id
 from serving.gateway.types import Caller, PoolLoad
 from vigil.config import BatchConfig
 from vigil.conventions import BATCH_ENDPOINTS, BATCH_ERROR_UPSTREAM, BATCH_REQUEST_ID_PREFIX
-from vigil.errors import ConfigError
+from vigil.errors import ConfigError, StoreUnavailable
 
 __all__ = [
     "BatchQueue",
@@ -47,6 +57,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _DAY = 86400.0
 _WINDOW = re.compile(r"^(\d\d):(\d\d)-(\d\d):(\d\d)$")
@@ -136,22 +148,27 @@ def _result_line(custom_id: str, status: int | None, body: Any,
 class BatchQueue:
     """The durable batch queue of the gateway (see the module docstring).
 
-    ``path``: the SQLite file (the gateway's records database); ``pools``: the pools that take
-    batch work; ``load(pool)``: the pool's load as last seen; ``send(request)``: performs one
-    request upstream and returns ``(HTTP status, JSON body)``; ``auth(request)``: the caller of
-    an API call (raises the 401 itself); ``clock``: Unix seconds (windows, expiry, retention and
-    backoff follow it); ``pool_of_model(model)``: the model's pool, None when not served.
+    ``target``: the gateway's database (an SQLite path or a ``postgresql://`` URL, shared
+    with the other gateway instances); ``pools``: the pools that take batch work;
+    ``load(pool)``: the pool's load as last seen; ``send(request)``: performs one request
+    upstream and returns ``(HTTP status, JSON body)``; ``auth(request)``: the caller of an API
+    call (raises the 401 itself); ``clock``: Unix seconds (windows, expiry, retention, backoff
+    and leases follow it); ``pool_of_model(model)``: the model's pool, None when not served.
     ``retry_attempts`` tries in all for a send that fails with 429/5xx or raises, waiting
     ``retry_backoff`` seconds, then twice that, ... (capped at 64x) between tries.
+    ``cfg.lease``: seconds a claimed request stays this instance's without renewal (renewed
+    every third of it); ``owner``: this instance's name in the leases (default: a fresh
+    unique id).
     """
 
-    def __init__(self, path: Path, cfg: BatchConfig, *, pools: list[str],
+    def __init__(self, target: str | Path, cfg: BatchConfig, *, pools: list[str],
                  load: Callable[[str], PoolLoad],
                  send: Callable[[BatchRequest], Awaitable[tuple[int, dict[str, Any]]]],
                  auth: Callable[[Request], Awaitable[Caller]],
                  clock: Callable[[], float] = time.time,
                  pool_of_model: Callable[[str], str | None],
                  retry_attempts: int = 4, retry_backoff: float = 1.0,
+                 owner: str | None = None,
                  max_file_bytes: int = MAX_FILE_BYTES, max_lines: int = MAX_LINES) -> None:
         if retry_attempts < 1:
             raise ValueError(f"retry_attempts must be at least 1, got {retry_attempts}")
@@ -165,22 +182,40 @@ class BatchQueue:
         self._clock = clock
         self._retry_attempts = retry_attempts
         self._retry_backoff = retry_backoff
-        self._store = BatchStore(path)
+        self._store = BatchStore(target, owner=owner, lease=cfg.lease)
+        # One thread for every database call: the loop never waits on the database, and the
+        # store sees one call at a time from this process.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-store")
         self._in_flight: dict[str, set[asyncio.Task[None]]] = {p: set() for p in self._pools}
+        #: Requests this instance holds (sending, or answered but not yet stored): the leases
+        #: it renews.
+        self._held: dict[tuple[str, str], int] = {}
+        #: Results (and retries) that could not be stored yet, retried every poll.
+        self._unsaved: dict[tuple[str, str], Callable[[], bool]] = {}
+        self._renewed_at = -float("inf")
+        self._outage = False
+        self._depths: dict[str, int] = {}
         self._wake = asyncio.Event()
         self._api = BatchApi(self._store, auth=auth, clock=clock, pool_of_model=pool_of_model,
                              pools=self._pools, on_change=self._wake.set,
                              retention=cfg.retention, max_file_bytes=max_file_bytes,
-                             max_lines=max_lines)
+                             max_lines=max_lines, call=self._db)
 
     # --- public surface ---------------------------------------------------------------------
+    @property
+    def owner(self) -> str:
+        """This instance's name in the leases it takes."""
+        return self._store.owner
+
     def router(self) -> APIRouter:
         """The OpenAI batches and files routes, to include in the gateway's app."""
         return self._api.router()
 
     def depth(self, pool: str) -> int:
-        """Batch requests of ``pool`` waiting or in flight."""
-        return self._store.depth(pool)
+        """Batch requests of ``pool`` waiting or in flight (on every instance sharing the
+        database), as of the release loop's last poll: a metrics scrape never waits on the
+        database."""
+        return self._depths.get(pool, 0)
 
     def in_off_peak(self, t: float | None = None) -> bool:
         """Whether clock time ``t`` (default: now) is inside an off-peak window."""
@@ -188,30 +223,44 @@ class BatchQueue:
         return any(w.contains(now) for w in self._windows)
 
     def close(self) -> None:
-        """Close the database (after ``run()`` has been cancelled)."""
+        """Close the database (after ``run()`` has been cancelled); waits for a database
+        call still running."""
+        self._executor.shutdown(wait=True)
         self._store.close()
+
+    async def _db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` (a store call) in the database thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor,
+                                          functools.partial(fn, *args, **kwargs))
 
     async def run(self) -> None:
         """Release queued requests until cancelled.
 
-        First queues again what a previous process left in flight. On cancellation, sends in
-        flight are cancelled too; their requests stay marked in flight in the database and are
-        sent again by the next ``run()``.
+        Requests that a stopped instance left in flight come back once their lease has run
+        out. On cancellation, sends in flight are cancelled too; their requests stay marked
+        in flight in the database until their lease runs out, then are sent again.
         """
-        requeued = self._store.requeue_in_flight()
-        if requeued:
-            log.info("batch queue: %d requests were in flight when the gateway stopped; "
-                     "sending them again", requeued)
         try:
             while True:
                 self._wake.clear()
                 try:
-                    self._tick()
+                    await self._tick()
+                    if self._outage:
+                        self._outage = False
+                        log.warning("batch queue: %s is reachable again", self._store.display)
+                except StoreUnavailable as exc:
+                    if not self._outage:  # once per outage: every poll would fail the same way
+                        self._outage = True
+                        log.warning("batch queue: the database is unreachable, holding batch "
+                                    "work and retrying every %gs: %s",
+                                    self._cfg.poll_interval, exc)
                 except Exception:  # a locked or full database must not end the loop
                     log.exception("batch queue: poll failed; retrying in %gs",
                                   self._cfg.poll_interval)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._cfg.poll_interval)
+                    await asyncio.wait_for(self._wake.wait(),
+                                           min(self._cfg.poll_interval, self._renew_every))
         finally:
             tasks = [t for ts in self._in_flight.values() for t in ts]
             for t in tasks:
@@ -219,6 +268,11 @@ class BatchQueue:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     # --- the release loop -------------------------------------------------------------------
+    @property
+    def _renew_every(self) -> float:
+        # A third of the lease: two renewals may fail (a slow database) before it runs out.
+        return self._store.lease / 3
+
     def _may_release(self, pool: str, now: float) -> bool:
         try:
             load = self._load(pool)
@@ -229,31 +283,85 @@ class BatchQueue:
             return False  # nothing to send to: sending would only spend retries
         return self.in_off_peak(now) or has_headroom(load, self._cfg)
 
-    def _tick(self) -> None:
+    async def _tick(self) -> None:
         now = self._clock()
-        expired = self._store.expire_due(int(now))
+        if self._held and now - self._renewed_at >= self._renew_every:
+            await self._db(self._store.renew, list(self._held), now)
+            self._renewed_at = now
+        await self._store_unsaved()
+        expired = await self._db(self._store.expire_due, int(now))
         if expired:
             log.info("batch queue: %d batches passed their completion window", len(expired))
         for pool in self._pools:
             free = self._cfg.max_in_flight - len(self._in_flight[pool])
-            if free <= 0 or not self._store.has_queued(pool, now):
+            if free <= 0 or not await self._db(self._store.has_queued, pool, now):
                 continue
             if not self._may_release(pool, now):
                 continue
-            for claimed in self._store.claim(pool, free, now):
+            for claimed in await self._db(self._store.claim, pool, free, now):
+                self._hold(claimed.key)
                 task = asyncio.create_task(self._send_one(claimed),
                                            name=f"batch-{claimed.batch_id}-{claimed.custom_id}")
                 self._in_flight[pool].add(task)
-                task.add_done_callback(self._sent)
-        self._store.finalize_ready(int(now))
-        self._store.purge(now, self._cfg.retention)
+                task.add_done_callback(functools.partial(self._sent, claimed.key))
+        await self._db(self._store.finalize_ready, int(now))
+        await self._db(self._store.purge, now, self._cfg.retention)
+        self._depths = await self._db(self._store.depths)
 
-    def _sent(self, task: asyncio.Task[None]) -> None:
+    def _hold(self, key: tuple[str, str]) -> None:
+        if not self._held:
+            # Renewal counts from the first claim: a lease taken now is good for ``lease``.
+            self._renewed_at = self._clock()
+        self._held[key] = self._held.get(key, 0) + 1
+
+    def _release(self, key: tuple[str, str]) -> None:
+        n = self._held.get(key, 0) - 1
+        if n > 0:
+            self._held[key] = n
+        else:
+            self._held.pop(key, None)
+
+    def _sent(self, key: tuple[str, str], task: asyncio.Task[None]) -> None:
         for tasks in self._in_flight.values():
             tasks.discard(task)
+        self._release(key)
         if not task.cancelled() and task.exception() is not None:
-            log.error("batch queue: storing a result failed", exc_info=task.exception())
+            log.error("batch queue: sending a request failed", exc_info=task.exception())
         self._wake.set()  # a slot is free, and the batch may be complete
+
+    async def _store_unsaved(self) -> None:
+        """Write the results kept while the database was unreachable (in the order they
+        came); stops at the first that fails again."""
+        for key, write in list(self._unsaved.items()):
+            stored = await self._db(write)
+            del self._unsaved[key]
+            self._release(key)
+            if not stored:
+                log.info("batch queue: %s/%s is no longer this instance's (taken over while the "
+                         "database was unreachable, or stored already); its result here is "
+                         "dropped", *key)
+
+    async def _write(self, key: tuple[str, str], write: Callable[[], bool]) -> None:
+        """Store a result (or a retry); kept for the next poll if the database is down."""
+        try:
+            stored = await self._db(write)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # Kept while the lease is renewed: written once the database answers again
+            # (unless another instance took the request over meanwhile). The kept write
+            # holds the request from now on, the task's own hold ends with the task.
+            if key not in self._unsaved:
+                self._hold(key)
+            self._unsaved[key] = write
+            if not isinstance(exc, StoreUnavailable):
+                log.error("batch queue: storing the result of %s/%s failed; retrying at the "
+                          "next poll: %s", *key, exc)
+            return
+        if not stored:
+            log.info("batch queue: %s/%s is no longer this instance's (its lease ran out and "
+                     "another took it over, or it was stored already); its result here is "
+                     "dropped", *key)
 
     async def _send_one(self, c: ClaimedRequest) -> None:
         endpoint: Literal["chat", "completions"] = (
@@ -264,23 +372,23 @@ class BatchQueue:
         try:
             status, body = await self._send(request)
         except asyncio.CancelledError:
-            raise  # shutting down: the request stays in flight and is re-sent after restart
+            raise  # shutting down: the request stays in flight until its lease runs out
         except Exception as exc:
-            self._failed(c, None, None, f"{type(exc).__name__}: {exc}")
+            await self._failed(c, None, None, f"{type(exc).__name__}: {exc}")
             return
         if 200 <= status < 300:
-            self._store.finish(c.batch_id, c.custom_id, ok=True,
-                               line=_result_line(c.custom_id, status, body, None),
-                               now=self._clock())
+            await self._finish(c, ok=True, line=_result_line(c.custom_id, status, body, None))
         elif status == 429 or status >= 500:
-            self._failed(c, status, body, None)
+            await self._failed(c, status, body, None)
         else:  # the request itself is wrong: retrying gives the same answer
-            self._store.finish(c.batch_id, c.custom_id, ok=False,
-                               line=_result_line(c.custom_id, status, body, None),
-                               now=self._clock())
+            await self._finish(c, ok=False, line=_result_line(c.custom_id, status, body, None))
 
-    def _failed(self, c: ClaimedRequest, status: int | None, body: Any,
-                message: str | None) -> None:
+    async def _finish(self, c: ClaimedRequest, *, ok: bool, line: dict[str, Any]) -> None:
+        await self._write(c.key, functools.partial(
+            self._store.finish, c.batch_id, c.custom_id, ok=ok, line=line, now=self._clock()))
+
+    async def _failed(self, c: ClaimedRequest, status: int | None, body: Any,
+                      message: str | None) -> None:
         attempts = c.attempts + 1
         now = self._clock()
         if attempts < self._retry_attempts:
@@ -288,12 +396,12 @@ class BatchQueue:
             log.info("batch queue: %s/%s failed (%s), try %d of %d in %gs", c.batch_id,
                      c.custom_id, message or f"HTTP {status}", attempts + 1,
                      self._retry_attempts, delay)
-            self._store.retry_later(c.batch_id, c.custom_id, attempts=attempts,
-                                    not_before=now + delay)
+            await self._write(c.key, functools.partial(
+                self._store.retry_later, c.batch_id, c.custom_id, attempts=attempts,
+                not_before=now + delay))
             return
         error = None
         if status is None:
             error = {"code": BATCH_ERROR_UPSTREAM,
                      "message": f"the request failed {attempts} times; last: {message}"}
-        self._store.finish(c.batch_id, c.custom_id, ok=False,
-                           line=_result_line(c.custom_id, status, body, error), now=now)
+        await self._finish(c, ok=False, line=_result_line(c.custom_id, status, body, error))

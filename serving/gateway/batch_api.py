@@ -7,17 +7,24 @@ Routes (all per tenant: another tenant's ids answer 404, as unknown ones do):
 
 Objects have the fields of ``openai.types.Batch`` and ``openai.types.FileObject`` so the official
 client parses them. Errors are OpenAI-style bodies (``{"error": {message, type, param, code}}``)
-built here rather than by FastAPI, whose 422 bodies the client would not understand.
+built here rather than by FastAPI, whose 422 bodies the client would not understand; while the
+database cannot be reached every route answers 503 (``database_unavailable``, with
+``Retry-After``), which the client retries.
+
+Store calls go through ``call`` (the queue's database thread): a handler never blocks the event
+loop on the database.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -38,7 +45,7 @@ from vigil.conventions import (
     BATCH_PURPOSE_OUTPUT,
 )
 from vigil.durations import parse_duration
-from vigil.errors import BatchInputError
+from vigil.errors import BatchInputError, StoreUnavailable
 
 __all__ = [
     "MAX_FILE_BYTES",
@@ -59,6 +66,14 @@ _MAX_PROBLEMS = 100
 _LINE_KEYS = {"custom_id", "method", "url", "body"}
 _CREATE_KEYS = {"input_file_id", "endpoint", "completion_window", "metadata",
                 "output_expires_after"}
+#: Seconds a client is told to wait when the database is unreachable.
+_UNAVAILABLE_RETRY_AFTER = 5
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+#: How a store call is run: ``await call(store.method, *args, **kwargs)``.
+StoreCall = Callable[..., Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -162,10 +177,37 @@ def parse_batch_input(content: bytes, *, pool_of_model: Callable[[str], str | No
 
 # --- OpenAI objects ---------------------------------------------------------------------------
 def openai_error(status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> JSONResponse:
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> JSONResponse:
     """An OpenAI-style error response."""
     return JSONResponse({"error": {"message": message, "type": type, "param": param,
-                                   "code": code}}, status_code=status)
+                                   "code": code}}, status_code=status, headers=headers)
+
+
+def _unavailable(exc: StoreUnavailable) -> JSONResponse:
+    return openai_error(503, f"the batch queue's database is unreachable; retry later ({exc})",
+                        type="server_error", code="database_unavailable",
+                        headers={"Retry-After": str(_UNAVAILABLE_RETRY_AFTER)})
+
+
+def _answers_503_when_unavailable(
+        handler: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+    """``handler``, answering 503 when the database is unreachable (FastAPI reads the
+    parameters through ``functools.wraps``)."""
+
+    @functools.wraps(handler)
+    async def guarded(*args: Any, **kwargs: Any) -> Response:
+        try:
+            return await handler(*args, **kwargs)
+        except StoreUnavailable as exc:
+            log.warning("batch API: %s", exc)
+            return _unavailable(exc)
+
+    return guarded
+
+
+async def _in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 def file_object(f: StoredFile, *, retention: float) -> dict[str, Any]:
@@ -222,14 +264,17 @@ class BatchApi:
     ``auth(request)`` names the caller (and raises the 401 itself); ``clock`` gives Unix
     seconds; ``pool_of_model`` maps a model name to its pool (None: not served); ``pools``
     are the pools that take batch work; ``on_change`` is called when there is new work for the
-    release loop; ``retention`` (seconds) is how long results are kept.
+    release loop; ``retention`` (seconds) is how long results are kept; ``call`` runs a store
+    call off the event loop (the queue's database thread; default ``asyncio.to_thread``).
     """
 
     def __init__(self, store: BatchStore, *, auth: Callable[[Request], Awaitable[Caller]],
                  clock: Callable[[], float], pool_of_model: Callable[[str], str | None],
                  pools: Sequence[str], on_change: Callable[[], None], retention: float,
-                 max_file_bytes: int = MAX_FILE_BYTES, max_lines: int = MAX_LINES) -> None:
+                 max_file_bytes: int = MAX_FILE_BYTES, max_lines: int = MAX_LINES,
+                 call: StoreCall = _in_thread) -> None:
         self._store = store
+        self._call = call
         self._auth = auth
         self._clock = clock
         self._pool_of_model = pool_of_model
@@ -249,19 +294,21 @@ class BatchApi:
             parse_batch_input, content, pool_of_model=self._pool_of_model, pools=self._pools,
             max_lines=self._max_lines, source=source)
 
-    def _batch_json(self, b: StoredBatch) -> dict[str, Any]:
-        return batch_object(b, self._store.counts(b.id))
+    async def _batch_json(self, b: StoredBatch) -> dict[str, Any]:
+        return batch_object(b, await self._call(self._store.counts, b.id))
 
     def router(self) -> APIRouter:
         """The routes, to include in the gateway's FastAPI app."""
         r = APIRouter()
-        r.add_api_route("/v1/files", self.upload_file, methods=["POST"])
-        r.add_api_route("/v1/files/{file_id}", self.get_file, methods=["GET"])
-        r.add_api_route("/v1/files/{file_id}/content", self.get_file_content, methods=["GET"])
-        r.add_api_route("/v1/batches", self.create_batch, methods=["POST"])
-        r.add_api_route("/v1/batches", self.list_batches, methods=["GET"])
-        r.add_api_route("/v1/batches/{batch_id}", self.get_batch, methods=["GET"])
-        r.add_api_route("/v1/batches/{batch_id}/cancel", self.cancel_batch, methods=["POST"])
+        for path, handler, method in (
+                ("/v1/files", self.upload_file, "POST"),
+                ("/v1/files/{file_id}", self.get_file, "GET"),
+                ("/v1/files/{file_id}/content", self.get_file_content, "GET"),
+                ("/v1/batches", self.create_batch, "POST"),
+                ("/v1/batches", self.list_batches, "GET"),
+                ("/v1/batches/{batch_id}", self.get_batch, "GET"),
+                ("/v1/batches/{batch_id}/cancel", self.cancel_batch, "POST")):
+            r.add_api_route(path, _answers_503_when_unavailable(handler), methods=[method])
         return r
 
     # --- files ------------------------------------------------------------------------------
@@ -294,14 +341,15 @@ class BatchApi:
         except BatchInputError as exc:
             return openai_error(400, f"invalid batch input file {exc}", param="file",
                                 code="invalid_batch_file")
-        f = self._store.add_file(tenant=caller.tenant, purpose=BATCH_PURPOSE_INPUT,
-                                 filename=filename, content=content, now=self._now())
+        f = await self._call(self._store.add_file, tenant=caller.tenant,
+                             purpose=BATCH_PURPOSE_INPUT, filename=filename, content=content,
+                             now=self._now())
         return JSONResponse(file_object(f, retention=self._retention))
 
     async def get_file(self, file_id: str, request: Request) -> Response:
         """``GET /v1/files/{id}``."""
         caller = await self._auth(request)
-        f = self._store.file(file_id, caller.tenant)
+        f = await self._call(self._store.file, file_id, caller.tenant)
         if f is None:
             return _not_found("File", file_id)
         return JSONResponse(file_object(f, retention=self._retention))
@@ -309,7 +357,7 @@ class BatchApi:
     async def get_file_content(self, file_id: str, request: Request) -> Response:
         """``GET /v1/files/{id}/content``: the raw bytes."""
         caller = await self._auth(request)
-        content = self._store.file_content(file_id, caller.tenant)
+        content = await self._call(self._store.file_content, file_id, caller.tenant)
         if content is None:
             return _not_found("File", file_id)
         return Response(content, media_type="application/octet-stream")
@@ -348,8 +396,9 @@ class BatchApi:
             return openai_error(400, problem, param="metadata")
         metadata = params.get("metadata")
         file_id = params["input_file_id"]
-        f = self._store.file(file_id, caller.tenant)
-        content = self._store.file_content(file_id, caller.tenant) if f else None
+        f = await self._call(self._store.file, file_id, caller.tenant)
+        content = (await self._call(self._store.file_content, file_id, caller.tenant)
+                   if f else None)
         if f is None or content is None:
             return _not_found("File", file_id)
         if f.purpose != BATCH_PURPOSE_INPUT:
@@ -366,35 +415,37 @@ class BatchApi:
         if problems:
             errors = [{"code": BATCH_ERROR_INVALID_LINE, "line": n or None, "message": m,
                        "param": p} for n, m, p in problems]
-            batch_id = self._store.add_failed_batch(
-                tenant=caller.tenant, key_id=caller.key_id, input_file_id=file_id,
+            batch_id = await self._call(
+                self._store.add_failed_batch, tenant=caller.tenant, key_id=caller.key_id,
+                input_file_id=file_id,
                 endpoint=endpoint, completion_window=window, window_s=window_s,
                 metadata=metadata, errors=errors, now=now)
         else:
             models = {x.body["model"] for x in lines}
-            batch_id = self._store.add_batch(
-                tenant=caller.tenant, key_id=caller.key_id, input_file_id=file_id,
+            batch_id = await self._call(
+                self._store.add_batch, tenant=caller.tenant, key_id=caller.key_id,
+                input_file_id=file_id,
                 endpoint=endpoint, completion_window=window, window_s=window_s,
                 metadata=metadata, model=models.pop() if len(models) == 1 else None,
                 requests=[NewRequest(x.line, x.custom_id, x.pool, x.url,
                                      json.dumps(x.body, separators=(",", ":")))
                           for x in lines], now=now)
             self._on_change()
-        return self._batch_response(batch_id, caller)
+        return await self._batch_response(batch_id, caller)
 
-    def _batch_response(self, batch_id: str, caller: Caller) -> Response:
-        b = self._store.batch(batch_id, caller.tenant)
+    async def _batch_response(self, batch_id: str, caller: Caller) -> Response:
+        b = await self._call(self._store.batch, batch_id, caller.tenant)
         if b is None:  # purged between two statements: only with a zero retention
             return _not_found("Batch", batch_id)
-        return JSONResponse(self._batch_json(b))
+        return JSONResponse(await self._batch_json(b))
 
     async def get_batch(self, batch_id: str, request: Request) -> Response:
         """``GET /v1/batches/{id}``."""
         caller = await self._auth(request)
-        b = self._store.batch(batch_id, caller.tenant)
+        b = await self._call(self._store.batch, batch_id, caller.tenant)
         if b is None:
             return _not_found("Batch", batch_id)
-        return JSONResponse(self._batch_json(b))
+        return JSONResponse(await self._batch_json(b))
 
     async def list_batches(self, request: Request) -> Response:
         """``GET /v1/batches?after=ID&limit=N``: newest first, OpenAI's cursor page."""
@@ -408,8 +459,9 @@ class BatchApi:
         if not 1 <= limit <= 100:
             return openai_error(400, f"limit must be an integer from 1 to 100, got "
                                      f"{raw_limit!r}", param="limit")
-        batches, has_more = self._store.list_batches(caller.tenant, after=after, limit=limit)
-        data = [self._batch_json(b) for b in batches]
+        batches, has_more = await self._call(self._store.list_batches, caller.tenant,
+                                             after=after, limit=limit)
+        data = [await self._batch_json(b) for b in batches]
         return JSONResponse({"object": "list", "data": data,
                              "first_id": data[0]["id"] if data else None,
                              "last_id": data[-1]["id"] if data else None,
@@ -419,14 +471,14 @@ class BatchApi:
         """``POST /v1/batches/{id}/cancel``: queued requests are dropped now; requests in
         flight finish, then the batch is ``cancelled`` with the results it has."""
         caller = await self._auth(request)
-        b = self._store.batch(batch_id, caller.tenant)
+        b = await self._call(self._store.batch, batch_id, caller.tenant)
         if b is None:
             return _not_found("Batch", batch_id)
         if b.status in ("completed", "failed", "expired"):
             return openai_error(409, f"batch {batch_id!r} is already {b.status} and cannot be "
                                      "cancelled", code="batch_not_cancellable")
         now = self._now()
-        self._store.cancel(batch_id, now)
-        self._store.finalize_ready(now)  # nothing in flight: cancelled at once
+        await self._call(self._store.cancel, batch_id, now)
+        await self._call(self._store.finalize_ready, now)  # nothing in flight: cancelled at once
         self._on_change()
-        return self._batch_response(batch_id, caller)
+        return await self._batch_response(batch_id, caller)

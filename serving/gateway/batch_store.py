@@ -1,24 +1,37 @@
-"""The batch queue's durable state: uploaded files, batches and their requests, in SQLite.
+"""The batch queue's durable state: uploaded files, batches and their requests.
 
-The tables live in the gateway's records database (WAL: the gateway's request records are
-written to the same file by another connection) and are all prefixed ``batch_``.
+The tables live in the gateway's database (``[gateway] records_path``, an SQLite file in WAL
+mode shared with the request records, or the PostgreSQL server of ``[gateway] database``) and
+are all prefixed ``batch_``. Several gateway instances may share one PostgreSQL database: the
+SQL is written once, in the subset both databases accept (``vigil.database``).
 
 A request moves ``queued -> in_flight -> ok | error``; ``queued`` may also end ``expired`` or
-``cancelled``. It is marked ``ok``/``error`` only in the transaction that stores its result, so
-a request that was ``in_flight`` when the process died is simply queued again at the next start
-(``requeue_in_flight``): at-least-once delivery upstream, and exactly one result per
-``(batch_id, custom_id)`` (the primary key) in the output.
+``cancelled``. ``claim`` marks a request in flight under a **lease**: the claiming instance
+(``owner``) and ``lease_until``, a clock time the owner pushes forward (``renew``) while it
+works on the request. A request whose lease ran out belongs to an instance that died or lost
+the database: the next ``claim`` of any instance takes it back (at-least-once delivery
+upstream). A result is written only by the request's current owner while it is still in
+flight (``finish``, ``retry_later``), so a late answer from an instance whose lease was taken
+over writes nothing, and every ``(batch_id, custom_id)`` (the primary key) has exactly one
+line in the output. Claims lock the rows they take and skip rows another transaction holds
+(``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite lets one writer in at a time), so two
+instances claiming at once get disjoint requests; ``expire_due``, ``finalize_ready`` and
+``purge`` lock the batch rows the same way and check the status again in their ``UPDATE``, so
+a batch gets one final status and one output file.
 
-Every method takes the lock and runs one short transaction; the queue calls them from its event
-loop, and ``depth`` may be called from any thread (a metrics collector).
+Every method is one short transaction and blocks for a database round trip (on PostgreSQL,
+during an outage, up to the pool's timeout, then ``StoreUnavailable``): the queue calls them
+from a worker thread, never from its event loop. Times are Unix seconds of the caller's clock;
+instances sharing a database need clocks that agree to well within the lease.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
-import sqlite3
-from collections.abc import Sequence
+import socket
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,9 +44,11 @@ from vigil.conventions import (
     BATCH_PURPOSE_OUTPUT,
     BATCH_REQUEST_ID_PREFIX,
 )
-from vigil.sqlite import Database
+from vigil.database import Connection, SqlDatabase, open_database
 
 __all__ = [
+    "DEFAULT_LEASE",
+    "MIGRATIONS",
     "BatchStore",
     "ClaimedRequest",
     "NewRequest",
@@ -41,13 +56,21 @@ __all__ = [
     "StoredBatch",
     "StoredFile",
     "new_id",
+    "new_owner",
 ]
+
+#: Seconds a claim holds a request before another instance may take it back.
+DEFAULT_LEASE = 30.0
+#: The name of the batch tables' schema steps in ``vigil_schema``.
+COMPONENT = "gateway_batch"
+#: Requests renewed per statement: keeps the statement's parameter count small.
+_RENEW_CHUNK = 200
 
 # Request states. "ok" and "error" hold a result line; the others get theirs at finalization.
 QUEUED, IN_FLIGHT, OK, ERROR, EXPIRED, CANCELLED = (
     "queued", "in_flight", "ok", "error", "expired", "cancelled")
 _PENDING = (QUEUED, IN_FLIGHT)
-#: The state of a request going back to the queue (a retry, or in flight at a restart): its
+#: The state of a request going back to the queue (a retry, or a lease that ran out): its
 #: batch may have been cancelled or may have expired while it was in flight, and then it ends
 #: as the batch's queued requests did rather than being sent again.
 _BACK_TO_QUEUE = (
@@ -55,6 +78,8 @@ _BACK_TO_QUEUE = (
     f"THEN '{CANCELLED}' WHEN batch_id IN (SELECT id FROM batch_batches "
     f"WHERE expired_at IS NOT NULL) THEN '{EXPIRED}' ELSE '{QUEUED}' END")
 
+#: Schema step 1: the tables as the first release created them (unchanged, so that files it
+#: wrote are upgraded in place).
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS batch_files (
     id TEXT PRIMARY KEY,
@@ -115,9 +140,25 @@ _SCHEMA = (
 )
 
 
+#: Schema steps (append-only): 1 the tables, 2 the leases of requests in flight. A request
+#: left in flight by a release without leases has no ``lease_until``: it counts as expired.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    _SCHEMA,
+    ("ALTER TABLE batch_requests ADD COLUMN owner TEXT",
+     "ALTER TABLE batch_requests ADD COLUMN lease_until REAL",
+     "CREATE INDEX IF NOT EXISTS batch_requests_owner ON batch_requests (state, owner)"),
+)
+
+
 def new_id(prefix: str) -> str:
     """A fresh object id in OpenAI's spelling (``file-`` + 24 hex digits, ``batch_...``)."""
     return f"{prefix}{secrets.token_hex(12)}"
+
+
+def new_owner() -> str:
+    """A fresh id for one gateway instance: host, process and a random part (a restarted
+    process on the same host and pid is another owner)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
 @dataclass(frozen=True)
@@ -193,6 +234,11 @@ class ClaimedRequest:
     tenant: str
     key_id: str
 
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(batch_id, custom_id)``, the request's primary key."""
+        return self.batch_id, self.custom_id
+
 
 _BATCH_COLUMNS = ("id, tenant, key_id, input_file_id, endpoint, completion_window, status, "
                   "created_at, expires_at, in_progress_at, finalizing_at, completed_at, "
@@ -200,7 +246,7 @@ _BATCH_COLUMNS = ("id, tenant, key_id, input_file_id, endpoint, completion_windo
                   "error_file_id, errors, metadata, model")
 
 
-def _batch(row: sqlite3.Row | tuple[Any, ...]) -> StoredBatch:
+def _batch(row: Sequence[Any]) -> StoredBatch:
     values = list(row)
     values[18] = json.loads(values[18]) if values[18] else None
     values[19] = json.loads(values[19]) if values[19] else None
@@ -212,20 +258,34 @@ def _jsonl(lines: Sequence[str]) -> bytes:
 
 
 class BatchStore:
-    """The batch tables in the SQLite database at ``path`` (created if missing)."""
+    """The batch tables in ``target``: an SQLite path (created if missing) or a
+    ``postgresql://`` URL.
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        # Every write is one BEGIN IMMEDIATE ... COMMIT, so no transaction is ever left open
-        # between calls; the lock serialises the rare call from another thread (``depth`` from
-        # a metrics scrape).
-        self._db = Database(self.path, what="the batch queue", schema=_SCHEMA)
+    ``owner`` names this instance in the leases it takes (default: ``new_owner()``); ``lease``
+    is how many seconds a claim holds a request unless renewed.
+    """
+
+    def __init__(self, target: str | Path, *, owner: str | None = None,
+                 lease: float = DEFAULT_LEASE) -> None:
+        if not lease > 0:
+            raise ValueError(f"lease must be more than 0 seconds, got {lease}")
+        self.target = target
+        self.owner = owner or new_owner()
+        self.lease = float(lease)
+        self._db: SqlDatabase = open_database(target, what="the batch queue",
+                                              component=COMPONENT, migrations=MIGRATIONS)
+        self._d = self._db.dialect
+
+    @property
+    def display(self) -> str:
+        """The file path, or the URL without its password."""
+        return self._db.display
 
     def close(self) -> None:
-        """Close the connection (the state is already on disk)."""
+        """Close the database (the state is already stored)."""
         self._db.close()
 
-    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         return self._db.query(sql, args)
 
     # --- files ------------------------------------------------------------------------------
@@ -233,12 +293,12 @@ class BatchStore:
                  now: int) -> StoredFile:
         """Store ``content`` as a new file of ``tenant``."""
         f = StoredFile(new_id(BATCH_FILE_ID_PREFIX), tenant, purpose, filename, len(content), now)
-        with self._db.transaction() as db:
+        with self._db.transaction(doing="store a file in") as db:
             self._insert_file(db, f, content)
         return f
 
     @staticmethod
-    def _insert_file(db: sqlite3.Connection, f: StoredFile, content: bytes) -> None:
+    def _insert_file(db: Connection, f: StoredFile, content: bytes) -> None:
         db.execute("INSERT INTO batch_files (id, tenant, purpose, filename, bytes, created_at, "
                    "content) VALUES (?, ?, ?, ?, ?, ?, ?)",
                    (f.id, f.tenant, f.purpose, f.filename, f.bytes, f.created_at, content))
@@ -261,14 +321,14 @@ class BatchStore:
                   model: str | None, requests: Sequence[NewRequest], now: int) -> str:
         """A new ``in_progress`` batch with ``requests`` queued; returns its id."""
         batch_id = new_id(BATCH_ID_PREFIX)
-        with self._db.transaction() as db:
-            cur = db.execute(
+        with self._db.transaction(doing="queue a batch in") as db:
+            seq = db.execute(
                 "INSERT INTO batch_batches (id, tenant, key_id, input_file_id, endpoint, "
                 "completion_window, status, created_at, expires_at, in_progress_at, metadata, "
-                "model) VALUES (?, ?, ?, ?, ?, ?, 'in_progress', ?, ?, ?, ?, ?)",
+                "model) VALUES (?, ?, ?, ?, ?, ?, 'in_progress', ?, ?, ?, ?, ?) RETURNING seq",
                 (batch_id, tenant, key_id, input_file_id, endpoint, completion_window, now,
-                 int(now + window_s), now, json.dumps(metadata) if metadata else None, model))
-            seq = cur.lastrowid
+                 int(now + window_s), now, json.dumps(metadata) if metadata else None,
+                 model)).fetchone()[0]
             db.executemany(
                 "INSERT INTO batch_requests (batch_id, custom_id, batch_seq, line, pool, "
                 "endpoint, body, state) VALUES (?, ?, ?, ?, ?, ?, ?, 'queued')",
@@ -282,7 +342,7 @@ class BatchStore:
                          now: int) -> str:
         """A batch that failed validation (status ``failed``, ``errors`` set); returns its id."""
         batch_id = new_id(BATCH_ID_PREFIX)
-        with self._db.transaction() as db:
+        with self._db.transaction(doing="store a batch in") as db:
             db.execute(
                 "INSERT INTO batch_batches (id, tenant, key_id, input_file_id, endpoint, "
                 "completion_window, status, created_at, expires_at, failed_at, ended_at, "
@@ -315,8 +375,9 @@ class BatchStore:
 
     def counts(self, batch_id: str) -> RequestCounts:
         """How many of the batch's requests there are, succeeded and failed so far."""
-        by_state = dict(self._read("SELECT state, COUNT(*) FROM batch_requests "
-                                   "WHERE batch_id = ? GROUP BY state", (batch_id,)))
+        by_state = {state: int(n) for state, n in self._read(
+            "SELECT state, COUNT(*) FROM batch_requests WHERE batch_id = ? GROUP BY state",
+            (batch_id,))}
         return RequestCounts(
             total=sum(by_state.values()), completed=by_state.get(OK, 0),
             failed=sum(by_state.get(s, 0) for s in (ERROR, EXPIRED, CANCELLED)))
@@ -324,7 +385,7 @@ class BatchStore:
     def cancel(self, batch_id: str, now: int) -> None:
         """Start cancelling an ``in_progress`` batch: queued requests are dropped at once,
         requests in flight finish (the next ``finalize_ready`` ends the batch)."""
-        with self._db.transaction() as db:
+        with self._db.transaction(doing="cancel a batch in") as db:
             cur = db.execute("UPDATE batch_batches SET status = 'cancelling', cancelling_at = ? "
                              "WHERE id = ? AND status IN ('validating', 'in_progress')",
                              (now, batch_id))
@@ -333,88 +394,137 @@ class BatchStore:
                            "WHERE batch_id = ? AND state = ?", (CANCELLED, now, batch_id, QUEUED))
 
     # --- the queue --------------------------------------------------------------------------
-    def requeue_in_flight(self) -> int:
-        """Queue again what a stopped process left in flight (at-least-once), except in
-        batches cancelled or expired meanwhile (those requests end so); how many."""
-        with self._db.transaction() as db:
-            return db.execute(f"UPDATE batch_requests SET state = {_BACK_TO_QUEUE} "
-                              "WHERE state = ?", (IN_FLIGHT,)).rowcount
-
     def has_queued(self, pool: str, now: float) -> bool:
-        """Whether ``pool`` has a request ready to send at ``now``."""
-        return bool(self._read("SELECT 1 FROM batch_requests WHERE pool = ? AND state = ? "
-                               "AND not_before <= ? LIMIT 1", (pool, QUEUED, now)))
+        """Whether ``pool`` has a request ready to send at ``now``: queued, or in flight
+        under a lease that ran out."""
+        return bool(self._read(
+            "SELECT 1 FROM batch_requests WHERE pool = ? AND ((state = ? AND not_before <= ?) "
+            "OR (state = ? AND (lease_until IS NULL OR lease_until < ?))) LIMIT 1",
+            (pool, QUEUED, now, IN_FLIGHT, now)))
 
     def claim(self, pool: str, n: int, now: float) -> list[ClaimedRequest]:
         """Take up to ``n`` of ``pool``'s ready requests, oldest batch first, in file order,
-        and mark them in flight."""
-        with self._db.transaction() as db:
+        and mark them in flight under this owner's lease (until ``now + lease``).
+
+        Requests whose lease ran out by ``now`` go back to the queue first (or end cancelled
+        or expired with their batch), whoever held them.
+        """
+        skip = self._d.skip_locked()
+        with self._db.transaction(doing="claim requests from") as db:
+            lapsed = db.execute(
+                "SELECT batch_id, custom_id FROM batch_requests WHERE pool = ? AND state = ? "
+                f"AND (lease_until IS NULL OR lease_until < ?){skip}",
+                (pool, IN_FLIGHT, now)).fetchall()
+            if lapsed:
+                db.executemany(
+                    f"UPDATE batch_requests SET state = {_BACK_TO_QUEUE}, owner = NULL, "
+                    "lease_until = NULL WHERE batch_id = ? AND custom_id = ? AND state = ?",
+                    [(r[0], r[1], IN_FLIGHT) for r in lapsed])
             rows = db.execute(
                 "SELECT r.batch_id, r.custom_id, r.pool, r.endpoint, r.body, r.attempts, "
                 "b.tenant, b.key_id FROM batch_requests r JOIN batch_batches b "
                 "ON b.id = r.batch_id WHERE r.pool = ? AND r.state = ? AND r.not_before <= ? "
-                "ORDER BY r.batch_seq, r.line LIMIT ?", (pool, QUEUED, now, n)).fetchall()
-            db.executemany("UPDATE batch_requests SET state = ? WHERE batch_id = ? "
-                           "AND custom_id = ?", [(IN_FLIGHT, r[0], r[1]) for r in rows])
-        return [ClaimedRequest(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7])
+                f"ORDER BY r.batch_seq, r.line LIMIT ?{self._d.skip_locked('r')}",
+                (pool, QUEUED, now, n)).fetchall()
+            if rows:
+                db.executemany(
+                    "UPDATE batch_requests SET state = ?, owner = ?, lease_until = ? "
+                    "WHERE batch_id = ? AND custom_id = ? AND state = ?",
+                    [(IN_FLIGHT, self.owner, now + self.lease, r[0], r[1], QUEUED)
+                     for r in rows])
+        return [ClaimedRequest(r[0], r[1], r[2], r[3], json.loads(r[4]), int(r[5]), r[6], r[7])
                 for r in rows]
 
+    def renew(self, keys: Iterable[tuple[str, str]], now: float) -> int:
+        """Extend to ``now + lease`` the leases this owner still holds on ``keys``
+        (``(batch_id, custom_id)``); how many it still held. A request another instance
+        took over is left alone."""
+        todo = list(keys)
+        renewed = 0
+        for i in range(0, len(todo), _RENEW_CHUNK):
+            chunk = todo[i:i + _RENEW_CHUNK]
+            values = ", ".join(["(?, ?)"] * len(chunk))
+            renewed += self._db.execute(
+                "UPDATE batch_requests SET lease_until = ? WHERE owner = ? AND state = ? "
+                f"AND (batch_id, custom_id) IN (VALUES {values})",
+                [now + self.lease, self.owner, IN_FLIGHT, *(x for k in chunk for x in k)],
+                doing="renew the leases of")
+        return renewed
+
     def finish(self, batch_id: str, custom_id: str, *, ok: bool, line: dict[str, Any],
-               now: float) -> None:
-        """Store a sent request's result line (output file if ``ok``, else error file)."""
-        with self._db.transaction() as db:
-            db.execute("UPDATE batch_requests SET state = ?, result = ?, finished_at = ? "
-                       "WHERE batch_id = ? AND custom_id = ? AND state = ?",
-                       (OK if ok else ERROR, json.dumps(line), now, batch_id, custom_id,
-                        IN_FLIGHT))
+               now: float) -> bool:
+        """Store a sent request's result line (output file if ``ok``, else error file);
+        whether it was stored: only while this owner holds the request in flight."""
+        return bool(self._db.execute(
+            "UPDATE batch_requests SET state = ?, result = ?, finished_at = ?, "
+            "lease_until = NULL WHERE batch_id = ? AND custom_id = ? AND state = ? "
+            "AND owner = ?",
+            (OK if ok else ERROR, json.dumps(line), now, batch_id, custom_id, IN_FLIGHT,
+             self.owner), doing="store a result in"))
 
     def retry_later(self, batch_id: str, custom_id: str, *, attempts: int,
-                    not_before: float) -> None:
+                    not_before: float) -> bool:
         """Put a request whose send failed back in the queue, not to be sent before
-        ``not_before`` (clock seconds)."""
-        with self._db.transaction() as db:
-            db.execute(f"UPDATE batch_requests SET state = {_BACK_TO_QUEUE}, attempts = ?, "
-                       "not_before = ? WHERE batch_id = ? AND custom_id = ? AND state = ?",
-                       (attempts, not_before, batch_id, custom_id, IN_FLIGHT))
+        ``not_before`` (clock seconds); whether it was (only while this owner holds it)."""
+        return bool(self._db.execute(
+            f"UPDATE batch_requests SET state = {_BACK_TO_QUEUE}, attempts = ?, "
+            "not_before = ?, owner = NULL, lease_until = NULL WHERE batch_id = ? "
+            "AND custom_id = ? AND state = ? AND owner = ?",
+            (attempts, not_before, batch_id, custom_id, IN_FLIGHT, self.owner),
+            doing="queue a retry in"))
 
     def depth(self, pool: str) -> int:
-        """Requests of ``pool`` queued or in flight."""
-        return int(self._read("SELECT COUNT(*) FROM batch_requests WHERE pool = ? "
-                              "AND state IN (?, ?)", (pool, *_PENDING))[0][0])
+        """Requests of ``pool`` queued or in flight (on any instance)."""
+        return self.depths().get(pool, 0)
+
+    def depths(self) -> dict[str, int]:
+        """Requests queued or in flight (on any instance), per pool that has any."""
+        return {pool: int(n) for pool, n in self._read(
+            "SELECT pool, COUNT(*) FROM batch_requests WHERE state IN (?, ?) GROUP BY pool",
+            _PENDING)}
 
     def expire_due(self, now: int) -> list[str]:
         """Batches past their completion window: their queued requests expire (requests in
-        flight finish). Returns the ids of the batches that expired now."""
-        with self._db.transaction() as db:
+        flight finish). Returns the ids of the batches that expired now (by this call: an
+        instance running it at the same time gets the others)."""
+        expired: list[str] = []
+        with self._db.transaction(doing="expire batches in") as db:
             ids = [r[0] for r in db.execute(
                 "SELECT id FROM batch_batches WHERE status = 'in_progress' AND expired_at IS NULL "
-                "AND expires_at <= ?", (now,))]
+                f"AND expires_at <= ? ORDER BY seq{self._d.skip_locked()}", (now,)).fetchall()]
             for batch_id in ids:
-                db.execute("UPDATE batch_batches SET expired_at = ? WHERE id = ?", (now, batch_id))
+                if not db.execute("UPDATE batch_batches SET expired_at = ? WHERE id = ? "
+                                  "AND status = 'in_progress' AND expired_at IS NULL",
+                                  (now, batch_id)).rowcount:
+                    continue
                 db.execute("UPDATE batch_requests SET state = ?, finished_at = ? "
                            "WHERE batch_id = ? AND state = ?", (EXPIRED, now, batch_id, QUEUED))
-        return ids
+                expired.append(batch_id)
+        return expired
 
     def finalize_ready(self, now: int) -> list[str]:
         """End every running batch with nothing left queued or in flight: write its output and
-        error files and set its final status. Returns the ids of the batches ended."""
-        with self._db.transaction() as db:
+        error files and set its final status. Returns the ids of the batches this call ended
+        (an instance running it at the same time ends the others)."""
+        ended: list[str] = []
+        with self._db.transaction(doing="finalize batches in") as db:
             ready = db.execute(
                 "SELECT id, tenant, status, expired_at FROM batch_batches b "
                 "WHERE status IN ('in_progress', 'cancelling') AND NOT EXISTS ("
-                "SELECT 1 FROM batch_requests r WHERE r.batch_id = b.id AND r.state IN (?, ?))",
-                _PENDING).fetchall()
+                "SELECT 1 FROM batch_requests r WHERE r.batch_id = b.id AND r.state IN (?, ?)) "
+                f"ORDER BY seq{self._d.skip_locked()}", _PENDING).fetchall()
             for batch_id, tenant, status, expired_at in ready:
-                self._finalize(db, batch_id, tenant, status, expired_at, now)
-        return [r[0] for r in ready]
+                if self._finalize(db, batch_id, tenant, status, expired_at, now):
+                    ended.append(batch_id)
+        return ended
 
-    def _finalize(self, db: sqlite3.Connection, batch_id: str, tenant: str, status: str,
-                  expired_at: int | None, now: int) -> None:
+    def _finalize(self, db: Connection, batch_id: str, tenant: str, status: str,
+                  expired_at: int | None, now: int) -> bool:
         out: list[str] = []
         err: list[str] = []
         for custom_id, state, result in db.execute(
                 "SELECT custom_id, state, result FROM batch_requests WHERE batch_id = ? "
-                "ORDER BY line", (batch_id,)):
+                "ORDER BY line", (batch_id,)).fetchall():
             if state == OK:
                 out.append(result)
             elif state == ERROR:
@@ -428,37 +538,44 @@ class BatchStore:
                 err.append(json.dumps({"id": new_id(BATCH_REQUEST_ID_PREFIX),
                                        "custom_id": custom_id, "response": None,
                                        "error": {"code": code, "message": message}}))
-        file_ids: dict[str, str | None] = {"output": None, "error": None}
-        for kind, lines in (("output", out), ("error", err)):
-            if lines:
-                content = _jsonl(lines)
-                f = StoredFile(new_id(BATCH_FILE_ID_PREFIX), tenant, BATCH_PURPOSE_OUTPUT,
-                               f"{batch_id}_{kind}.jsonl", len(content), now)
-                self._insert_file(db, f, content)
-                file_ids[kind] = f.id
+        files = [(kind, StoredFile(new_id(BATCH_FILE_ID_PREFIX), tenant, BATCH_PURPOSE_OUTPUT,
+                                   f"{batch_id}_{kind}.jsonl", len(content), now), content)
+                 for kind, lines in (("output", out), ("error", err)) if lines
+                 for content in (_jsonl(lines),)]
+        file_ids = {kind: f.id for kind, f, _ in files}
         final = ("cancelled" if status == "cancelling"
                  else "expired" if expired_at is not None else "completed")
-        db.execute(
-            "UPDATE batch_batches SET status = ?, finalizing_at = ?, ended_at = ?, "
-            "completed_at = CASE WHEN ? = 'completed' THEN ? END, "
-            "cancelled_at = CASE WHEN ? = 'cancelled' THEN ? END, "
-            "output_file_id = ?, error_file_id = ? WHERE id = ?",
-            (final, now, now, final, now, final, now, file_ids["output"], file_ids["error"],
-             batch_id))
+        # The status is checked again here: the batch's row may have ended since it was read.
+        if not db.execute(
+                "UPDATE batch_batches SET status = ?, finalizing_at = ?, ended_at = ?, "
+                "completed_at = ?, cancelled_at = ?, output_file_id = ?, error_file_id = ? "
+                "WHERE id = ? AND status IN ('in_progress', 'cancelling')",
+                (final, now, now, now if final == "completed" else None,
+                 now if final == "cancelled" else None, file_ids.get("output"),
+                 file_ids.get("error"), batch_id)).rowcount:
+            return False
+        for _, f, content in files:
+            self._insert_file(db, f, content)
+        return True
 
     def purge(self, now: float, retention: float) -> int:
         """Forget batches that ended more than ``retention`` seconds ago, with their requests
         and output files, and input files that old which no remaining batch uses. Returns how
-        many batches were removed."""
+        many batches this call removed."""
         cutoff = now - retention
-        with self._db.transaction() as db:
+        skip = self._d.skip_locked()
+        with self._db.transaction(doing="purge old batches from") as db:
             old = db.execute("SELECT id, output_file_id, error_file_id FROM batch_batches "
-                             "WHERE ended_at IS NOT NULL AND ended_at <= ?", (cutoff,)).fetchall()
+                             f"WHERE ended_at IS NOT NULL AND ended_at <= ? ORDER BY seq{skip}",
+                             (cutoff,)).fetchall()
             for batch_id, output_id, error_id in old:
                 db.execute("DELETE FROM batch_requests WHERE batch_id = ?", (batch_id,))
                 db.execute("DELETE FROM batch_files WHERE id IN (?, ?)", (output_id, error_id))
                 db.execute("DELETE FROM batch_batches WHERE id = ?", (batch_id,))
-            db.execute("DELETE FROM batch_files WHERE created_at <= ? AND purpose != ? AND id "
-                       "NOT IN (SELECT input_file_id FROM batch_batches)",
-                       (cutoff, BATCH_PURPOSE_OUTPUT))
+            unused = db.execute(
+                "SELECT id FROM batch_files WHERE created_at <= ? AND purpose != ? AND id "
+                f"NOT IN (SELECT input_file_id FROM batch_batches) ORDER BY id{skip}",
+                (cutoff, BATCH_PURPOSE_OUTPUT)).fetchall()
+            if unused:
+                db.executemany("DELETE FROM batch_files WHERE id = ?", [(r[0],) for r in unused])
         return len(old)
