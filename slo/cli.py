@@ -108,15 +108,16 @@ def open_source(config: Config, config_file: str, *, prometheus_url: str = "",
 
 
 def request_log(config: Config) -> RequestLog | None:
-    """The gateway's per-request records (``[gateway] records_path``) when the file exists:
-    per-endpoint SLIs, exact anomalies, cost by tier, e2e per 512 tokens. ``None`` without a
-    gateway (the engine then works from vLLM's metrics alone)."""
-    path = config.gateway_records_path()
-    if not path.exists():
-        return None
+    """The gateway's per-request records: per-endpoint SLIs, exact anomalies, cost by tier,
+    e2e per 512 tokens. On the ``[gateway] database`` URL when set (a database without the
+    table yet reads as no records), else the ``records_path`` file when it exists; ``None``
+    without a gateway (the engine then works from vLLM's metrics alone)."""
     from collector.request_log import GatewayRecords
 
-    return GatewayRecords(path)
+    target = config.gateway_database()
+    if not isinstance(target, str) and not target.exists():  # str: a URL
+        return None
+    return GatewayRecords(target)
 
 
 def embedded_semantics(value: str) -> str:

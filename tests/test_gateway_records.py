@@ -1,5 +1,6 @@
-"""Per-request records: written off the response path, read (read-only, WAL) by the SLO engine,
-and the cost share each request is charged."""
+"""Per-request records on SQLite: written off the response path, read (read-only, WAL) by the
+SLO engine, and the cost share each request is charged. tests/test_records_postgres.py runs
+the writer and reader on PostgreSQL, and through its outages."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def test_round_trip_of_every_column(writer: RecordWriter) -> None:
     rec = _rec(1, ts=1000.0)
     writer.put(rec)
     assert writer.flush()
-    assert GatewayRecords(writer.path).get("vgl-1") == rec
+    assert GatewayRecords(writer.target).get("vgl-1") == rec
 
 
 def test_window_is_left_open_right_closed(writer: RecordWriter) -> None:
@@ -51,7 +52,7 @@ def test_window_is_left_open_right_closed(writer: RecordWriter) -> None:
         writer.put(_rec(i, ts=ts))
     writer.put(_rec(9, ts=200.0, pool="other"))
     writer.flush()
-    reader = GatewayRecords(writer.path)
+    reader = GatewayRecords(writer.target)
     assert [r.ts_s for r in reader.records("chat", 200.0, 100.0)] == [150.0, 200.0]
     assert [r.ts_s for r in reader.rows(None, 200.0, 100.0)] == [150.0, 200.0, 200.0]
 
@@ -61,7 +62,7 @@ def test_request_log_protocol_and_fields(writer: RecordWriter) -> None:
     writer.put(_rec(2, ts=11.0, error_class="client_cancel", status=499))
     writer.put(_rec(3, ts=12.0, cache_hit="l2"))
     writer.flush()
-    reader = GatewayRecords(writer.path)
+    reader = GatewayRecords(writer.target)
     assert isinstance(reader, RequestLog)
     out = list(reader.records("chat", 20.0, 60.0))
     assert [type(r) for r in out] == [RequestRecord] * 3
@@ -75,7 +76,7 @@ def test_request_log_protocol_and_fields(writer: RecordWriter) -> None:
 def test_readers_open_read_only_while_the_writer_writes(writer: RecordWriter) -> None:
     writer.put(_rec(1, ts=1.0))
     writer.flush()
-    reader = GatewayRecords(writer.path)
+    reader = GatewayRecords(writer.target)
     assert len(reader.rows(None, 10.0, 10.0)) == 1
     # The writer keeps its connection open (WAL): readers neither block it nor are blocked.
     for i in range(2, 50):
@@ -83,7 +84,7 @@ def test_readers_open_read_only_while_the_writer_writes(writer: RecordWriter) ->
         assert reader.rows(None, 10.0, 10.0)
     writer.flush()
     assert len(reader.rows(None, 10.0, 10.0)) == 49
-    ro = sqlite3.connect(f"file:{writer.path}?mode=ro", uri=True)
+    ro = sqlite3.connect(f"file:{writer.target}?mode=ro", uri=True)
     with pytest.raises(sqlite3.OperationalError):
         ro.execute("DELETE FROM gateway_requests")
     ro.close()
@@ -109,11 +110,119 @@ def test_a_file_that_is_not_sqlite_is_refused_by_name(tmp_path: Path) -> None:
         RecordWriter(bad).start()
 
 
-def test_a_full_queue_drops_and_counts(tmp_path: Path) -> None:
+def test_a_full_buffer_drops_the_oldest_and_counts(tmp_path: Path) -> None:
     w = RecordWriter(tmp_path / "gw.db", max_queue=2)  # not started: nothing drains it
     for i in range(5):
+        w.put(_rec(i, ts=1.0 + i))
+    assert (w.dropped, w.buffered, w.written) == (3, 2, 0)
+    w.start()
+    assert w.flush()
+    assert w.close() == 0
+    assert [r.id for r in GatewayRecords(w.target).rows(None, 10, 10)] == ["vgl-3", "vgl-4"]
+    assert (w.dropped, w.buffered, w.written, w.write_failures) == (3, 0, 2, 0)
+
+
+def test_the_same_record_put_twice_is_stored_once(writer: RecordWriter) -> None:
+    first = _rec(1, ts=5.0)
+    writer.put(first)
+    writer.flush()
+    again = first._replace(message="written again")  # a retried batch carries the same id
+    writer.put(again)
+    writer.flush()
+    assert GatewayRecords(writer.target).rows(None, 10, 10) == [again]
+    assert writer.written == 2
+
+
+# The table as the SQLite-only versions created it, before schema steps were recorded.
+_OLD_SCHEMA = """CREATE TABLE IF NOT EXISTS gateway_requests (
+    id TEXT PRIMARY KEY,
+    start_s REAL NOT NULL,
+    ts_s REAL NOT NULL,
+    pool TEXT NOT NULL,
+    model TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    tier TEXT NOT NULL,
+    key_id TEXT NOT NULL,
+    replica TEXT NOT NULL,
+    status INTEGER NOT NULL,
+    stream INTEGER NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    tokens_source TEXT NOT NULL,
+    ttft_s REAL,
+    e2e_s REAL,
+    queue_s REAL NOT NULL,
+    error INTEGER NOT NULL,
+    error_class TEXT NOT NULL,
+    cache_hit TEXT NOT NULL,
+    requested_max_tokens INTEGER,
+    max_tokens INTEGER,
+    max_tokens_decision TEXT NOT NULL,
+    cost_usd REAL,
+    saved_usd REAL,
+    upstream_id TEXT NOT NULL,
+    batch_id TEXT NOT NULL,
+    message TEXT NOT NULL
+)"""
+
+
+_LAYOUT = ("SELECT type, name, sql FROM sqlite_master WHERE tbl_name = 'gateway_requests' "
+           "ORDER BY name")
+
+
+def test_an_old_records_file_is_adopted_unchanged_with_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "gw.db"
+    old = sqlite3.connect(path)
+    old.execute(_OLD_SCHEMA)
+    old.execute("CREATE INDEX IF NOT EXISTS gateway_requests_pool_ts "
+                "ON gateway_requests (pool, ts_s)")
+    kept = _rec(1, ts=5.0)
+    old.execute(f"INSERT OR REPLACE INTO gateway_requests VALUES ({', '.join('?' * 29)})", kept)
+    old.commit()
+    layout = old.execute(_LAYOUT).fetchall()
+    old.close()
+    w = RecordWriter(path)
+    w.start()
+    w.put(_rec(2, ts=6.0))
+    w.close()
+    assert GatewayRecords(path).rows(None, 10, 10) == [kept, _rec(2, ts=6.0)]
+    conn = sqlite3.connect(path)
+    assert conn.execute(_LAYOUT).fetchall() == layout
+    assert conn.execute("SELECT component, version FROM vigil_schema").fetchall() == [
+        ("gateway_records", 1)]
+    conn.close()
+
+
+def test_close_says_how_many_it_could_not_write(tmp_path: Path) -> None:
+    w = RecordWriter(tmp_path / "gw.db", retry_interval=0.01, max_retry_interval=0.02)
+    w.start()
+    # Another writer holds the file's write lock: every attempt waits it out, then fails.
+    blocker = sqlite3.connect(tmp_path / "gw.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    w.put(_rec(1, ts=1.0))
+    w.put(_rec(2, ts=2.0))
+    assert w.close(timeout=0.2) == 2 and w.written == 0
+    blocker.execute("ROLLBACK")
+    blocker.close()
+
+
+def test_metrics_export_the_writers_counts(tmp_path: Path) -> None:
+    from prometheus_client import generate_latest
+
+    from serving.gateway.metrics import GatewayMetrics
+
+    w = RecordWriter(tmp_path / "gw.db", max_queue=3)
+    for i in range(5):
         w.put(_rec(i, ts=1.0))
-    assert w.dropped == 3
+    w.write_failures = 7  # as the writer thread counts them
+    m = GatewayMetrics(depth=dict, replicas=list, dropped=lambda: w.dropped,
+                       buffered=lambda: w.buffered, write_failures=lambda: w.write_failures)
+    text = generate_latest(m.registry).decode()
+    assert "vigil_gateway_records_dropped 2.0" in text
+    assert "vigil_gateway_records_buffered 3.0" in text
+    assert "# TYPE vigil_gateway_record_write_failures_total counter" in text
+    assert "vigil_gateway_record_write_failures_total 7.0" in text
 
 
 def test_records_survive_close_and_reopen(tmp_path: Path) -> None:

@@ -312,6 +312,10 @@ METRIC_GW_REPLICA_UP = "vigil_gateway_replica_up"
 METRIC_GW_REPLICA_OUTSTANDING = "vigil_gateway_replica_outstanding_requests"
 METRIC_GW_REPLICA_KV_USAGE = "vigil_gateway_replica_kv_cache_usage_ratio"
 METRIC_GW_RECORDS_DROPPED = "vigil_gateway_records_dropped"
+#: Records held in memory, not written yet (the database is slow or unreachable).
+METRIC_GW_RECORDS_BUFFERED = "vigil_gateway_records_buffered"
+#: Failed attempts to write a batch of records (each batch is retried until written).
+METRIC_GW_RECORD_WRITE_FAILURES = "vigil_gateway_record_write_failures"
 #: Labels of the gateway's series (LABEL_POOL as above).
 LABEL_TIER = "tier"
 LABEL_ENDPOINT = "endpoint"

@@ -1,9 +1,10 @@
 """The gateway's own ``/metrics`` (prometheus_client, a registry of its own).
 
-Counters and histograms are updated as requests finish; gauges that describe a current state
-(queue depth per tier, replica health, outstanding requests, KV usage, dropped records) are read
-at scrape time by ``_StateCollector`` from the objects that hold that state, so nothing has to
-keep them in sync. Names and labels are in ``vigil.conventions`` (Gateway section).
+Counters and histograms are updated as requests finish; series that describe a current state
+(queue depth per tier, replica health, outstanding requests, KV usage, the record writer's
+dropped and buffered records and failed writes) are read at scrape time by ``_StateCollector``
+from the objects that hold that state, so nothing has to keep them in sync. Names and labels
+are in ``vigil.conventions`` (Gateway section).
 
 Each labelled series is reached through ``Family.labels``, which remembers its children:
 prometheus_client's own ``labels`` takes a lock and checks the label values on every call, and
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from serving.gateway.upstreams import Replica
@@ -39,6 +40,8 @@ from vigil.conventions import (
     METRIC_GW_E2E,
     METRIC_GW_QUEUE_DEPTH,
     METRIC_GW_QUEUE_WAIT,
+    METRIC_GW_RECORD_WRITE_FAILURES,
+    METRIC_GW_RECORDS_BUFFERED,
     METRIC_GW_RECORDS_DROPPED,
     METRIC_GW_REJECTIONS,
     METRIC_GW_REPLICA_KV_USAGE,
@@ -59,8 +62,8 @@ _M = TypeVar("_M", Counter, Histogram)
 _CACHE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 1.0)
 _QUEUE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
-#: Sources of the scrape-time gauges: queue depth by (pool, tier), the replicas, dropped
-#: records.
+#: Sources of the scrape-time gauges: queue depth by (pool, tier), the replicas, the record
+#: writer's counts.
 QueueDepth = Callable[[], Mapping[tuple[str, str], int]]
 
 
@@ -83,10 +86,13 @@ class Family(Generic[_M]):
 
 class _StateCollector(Collector):
     def __init__(self, depth: QueueDepth, replicas: Callable[[], Iterable[Replica]],
-                 dropped: Callable[[], int]) -> None:
+                 dropped: Callable[[], int], buffered: Callable[[], int],
+                 write_failures: Callable[[], int]) -> None:
         self._depth = depth
         self._replicas = replicas
         self._dropped = dropped
+        self._buffered = buffered
+        self._write_failures = write_failures
 
     def collect(self) -> Iterable[Metric]:
         depth = GaugeMetricFamily(METRIC_GW_QUEUE_DEPTH,
@@ -110,14 +116,28 @@ class _StateCollector(Collector):
         dropped = GaugeMetricFamily(METRIC_GW_RECORDS_DROPPED,
                                     "Request records lost because the writer fell behind.")
         dropped.add_metric([], self._dropped())
-        return [depth, up, outstanding, kv, dropped]
+        buffered = GaugeMetricFamily(METRIC_GW_RECORDS_BUFFERED,
+                                     "Request records held in memory, not written yet (the "
+                                     "database is slow or unreachable).")
+        buffered.add_metric([], self._buffered())
+        failures = CounterMetricFamily(METRIC_GW_RECORD_WRITE_FAILURES,
+                                       "Failed attempts to write a batch of request records "
+                                       "(the batch is kept and retried).")
+        failures.add_metric([], self._write_failures())
+        return [depth, up, outstanding, kv, dropped, buffered, failures]
 
 
 class GatewayMetrics:
-    """Every gateway series, in ``self.registry``."""
+    """Every gateway series, in ``self.registry``.
+
+    ``dropped``, ``buffered`` and ``write_failures`` read the record writer's counts (records)
+    at scrape time.
+    """
 
     def __init__(self, *, depth: QueueDepth, replicas: Callable[[], Iterable[Replica]],
-                 dropped: Callable[[], int], registry: CollectorRegistry | None = None) -> None:
+                 dropped: Callable[[], int], buffered: Callable[[], int],
+                 write_failures: Callable[[], int],
+                 registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.requests = Family(Counter(
@@ -157,4 +177,4 @@ class GatewayMetrics:
         self.saved = Family(Counter(
             METRIC_GW_SAVED, "GPU cost the semantic cache saved (USD).",
             [LABEL_POOL, LABEL_TIER], registry=r))
-        r.register(_StateCollector(depth, replicas, dropped))
+        r.register(_StateCollector(depth, replicas, dropped, buffered, write_failures))
