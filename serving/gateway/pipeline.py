@@ -207,11 +207,15 @@ class Gateway:
         self.forwarder = Forwarder(self.upstreams, read_timeout=gw.read_timeout,
                                    retry_after=self.admission.retry_after)
         self.records = RecordWriter(cfg.gateway_database(), max_queue=gw.records_buffer)
-        self.cache = CacheBridge(gw.cache, clock=clock, cache=cache)
+        self.cache = CacheBridge(gw.cache, clock=clock, cache=cache,
+                                 database=cfg.gateway_database())
         #: The batch queue's depth per pool (set by the app when the queue runs).
         self.batch_depth: Any = None
         self.metrics = GatewayMetrics(depth=self.queue_depth, replicas=self.upstreams.replicas,
-                                      dropped=lambda: self.records.dropped, registry=registry)
+                                      dropped=lambda: self.records.dropped,
+                                      buffered=lambda: self.records.buffered,
+                                      write_failures=lambda: self.records.write_failures,
+                                      registry=registry)
         self._pools: dict[str, PoolConfig] = {}
         for p in cfg.pools:
             if p.model in self._pools:
@@ -344,11 +348,12 @@ class Gateway:
         payload = self._payload(call, body)
         path = ENDPOINT_PATHS[call.endpoint]
         premium = call.tier == "premium"
+        prompt = self.forwarder.prompt_of(call.endpoint, body)  # prefix-aware routing's key
         if not call.stream:
             return await self.forwarder.unary(call.pool, path, payload, premium=premium,
-                                              charge=call.charge)
+                                              charge=call.charge, prompt=prompt)
         return await self.forwarder.open(call.pool, path, payload, premium=premium,
-                                         charge=call.charge)
+                                         charge=call.charge, prompt=prompt)
 
     def _payload(self, call: Call, body: dict[str, Any]) -> bytes:
         """The upstream body: the client's after the policy, the tier's priority, usage asked
