@@ -331,3 +331,21 @@ def test_gpu_activity_follows_the_work():
     assert p.power_idle_w < small.power_w < big.power_w < prefill.power_w <= p.power_max_w
     assert small.temp_c < big.temp_c < prefill.temp_c
     assert GpuActivity(p, "r").uuids == GpuActivity(p, "r").uuids != GpuActivity(p, "q").uuids
+
+
+def test_a_preempted_requests_readmission_is_not_a_prefix_cache_query():
+    """vLLM leaves re-admissions of preempted requests out of vllm:prefix_cache_*: their own
+    blocks are often still cached, which would inflate the hit rate."""
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry
+
+    from serving.sim.metrics import VllmMetrics
+
+    registry = CollectorRegistry()
+    m = VllmMetrics(registry, model_name="m", profile=TINY)
+    m.on_admitted(SimpleNamespace(num_preemptions=0), 64, 32)  # type: ignore[arg-type]
+    m.on_admitted(SimpleNamespace(num_preemptions=1), 64, 64)  # type: ignore[arg-type]
+    labels = {"model_name": "m", "engine": "0"}
+    assert registry.get_sample_value("vllm:prefix_cache_queries_total", labels) == 64
+    assert registry.get_sample_value("vllm:prefix_cache_hits_total", labels) == 32

@@ -333,6 +333,10 @@ class VllmMetrics:
     # --- EngineObserver -----------------------------------------------------------------------
 
     def on_admitted(self, req: EngineRequest, queried_tokens: int, hit_tokens: int) -> None:
+        if req.num_preemptions:
+            # vLLM counts a preempted request's re-admission apart (its own blocks are often
+            # still cached) and leaves it out of vllm:prefix_cache_queries/hits.
+            return
         self.prefix_queries.inc(queried_tokens)
         self.prefix_hits.inc(hit_tokens)
         self.cached_by_source["device"].inc(hit_tokens)
