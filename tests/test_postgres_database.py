@@ -509,3 +509,50 @@ def test_without_psycopg_the_extra_is_named() -> None:
                           text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["gateway", "psycopg"]
+
+
+@pytest.mark.parametrize(("url", "shown", "password"), [
+    ("postgresql://u:pw@h:5/db", "postgresql://u:***@h:5/db", "pw"),
+    ("postgresql://u@h/db?password=secret&sslmode=require",
+     "postgresql://u@h/db?password=***&sslmode=require", "secret"),
+    ("postgresql://u:p%40w@h1:5432,h2:5433/db", "postgresql://u:***@h1:5432,h2:5433/db", "p@w"),
+    ("postgres://h/db", "postgres://h/db", ""),
+    ("postgresql:///db?host=/run/postgresql", "postgresql:///db?host=/run/postgresql", ""),
+])
+def test_urls_are_shown_without_their_password(url: str, shown: str, password: str) -> None:
+    from vigil.database import url_password
+
+    assert redact_url(url) == shown
+    assert url_password(url) == password
+
+
+def test_a_failover_url_with_several_hosts_is_accepted(postgres_server: PostgresServer,
+                                                         postgres_url: str) -> None:
+    """libpq tries the hosts in turn; the first here refuses connections."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # closed again: nothing listens there
+    dbname = postgres_url.rsplit("/", 1)[1]
+    url = f"postgresql://postgres@127.0.0.1:{dead},127.0.0.1:{postgres_server.port}/{dbname}"
+    db = PostgresDatabase(url, what="the test store")
+    try:
+        assert db.query("SELECT 1") == [(1,)]
+        assert db.display == url
+    finally:
+        db.close()
+
+
+def test_an_sqlite_too_old_for_the_common_sql_is_refused_by_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sqlite3
+
+    from vigil.errors import StoreError
+
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 31, 1))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.31.1")
+    with pytest.raises(StoreError, match=r"gw\.db: cannot open the batch queue: .*SQLite "
+                                         r"3\.31\.1, older than 3\.35\.0"):
+        open_database(tmp_path / "gw.db", what="the batch queue")
+    assert not (tmp_path / "gw.db").exists()

@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
-from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -44,10 +43,14 @@ __all__ = [
     "migrate",
     "open_database",
     "redact_url",
+    "url_password",
 ]
 
 #: URL schemes that name a PostgreSQL server (libpq accepts both).
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+#: The oldest SQLite whose SQL the common subset fits (``RETURNING`` came in 3.35).
+MIN_SQLITE = (3, 35, 0)
 
 #: The table that records which schema steps each component has applied.
 SCHEMA_TABLE = "vigil_schema"
@@ -58,16 +61,42 @@ def is_postgres_url(target: str | Path) -> bool:
     return isinstance(target, str) and target.startswith(POSTGRES_SCHEMES)
 
 
+def _split_url(url: str) -> tuple[str, str, str, str]:
+    """``scheme://``, userinfo, the rest of the authority and path, and the query of a libpq URL.
+
+    ``urllib.parse`` is not used: a libpq URL may list several hosts (``h1:5432,h2:5433``),
+    which ``urlsplit().port`` refuses.
+    """
+    scheme, sep, rest = url.partition("://")
+    rest, qsep, query = rest.partition("?")
+    authority, slash, path = rest.partition("/")
+    userinfo, at, hosts = authority.rpartition("@")
+    return scheme + sep, userinfo + at, hosts + slash + path, qsep + query
+
+
+def url_password(url: str) -> str:
+    """The password a libpq URL carries (in its user part or as ``?password=``), or ""."""
+    from urllib.parse import parse_qs, unquote
+
+    _, userinfo, _, query = _split_url(url)
+    _, colon, password = userinfo.rstrip("@").partition(":")
+    if colon:
+        return unquote(password)
+    return parse_qs(query.lstrip("?")).get("password", [""])[-1]
+
+
 def redact_url(url: str) -> str:
-    """``url`` without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit(parts._replace(netloc=user + host))
+    """``url`` without its password (in the user part or a ``password=`` parameter), for
+    messages and logs."""
+    scheme, userinfo, rest, query = _split_url(url)
+    if userinfo:
+        user, colon, _ = userinfo.rstrip("@").partition(":")
+        userinfo = f"{user}:***@" if colon else userinfo
+    if query:
+        query = "?" + "&".join(
+            f"{k}=***" if k == "password" else part
+            for part in query[1:].split("&") for k in [part.partition("=")[0]])
+    return scheme + userinfo + rest + query
 
 
 _PG_TYPES = (
@@ -178,8 +207,18 @@ def open_database(target: str | Path, *, what: str, schema: Sequence[str] = (),
         db = PostgresDatabase(str(target), what=what, schema=schema, readonly=readonly,
                               max_size=pool_size)
     else:
+        import sqlite3
+
         from vigil.sqlite import Database
 
+        if sqlite3.sqlite_version_info < MIN_SQLITE:
+            from vigil.errors import StoreError
+
+            # RETURNING (3.35), upserts (3.24) and row values (3.15) are in the common subset.
+            raise StoreError(
+                f"{target}: cannot open {what}: Python's sqlite3 is linked against SQLite "
+                f"{sqlite3.sqlite_version}, older than {'.'.join(map(str, MIN_SQLITE))}; use a "
+                "Python built with a newer SQLite, or [gateway] database = \"postgresql://...\"")
         db = Database(target, what=what, schema=schema, readonly=readonly, **sqlite_options)
     if migrations and not readonly:
         if component is None:
@@ -208,6 +247,8 @@ def migrate(db: SqlDatabase, component: str, steps: Sequence[Sequence[str]]) -> 
     with db.transaction(doing=f"migrate the schema of {db.what}") as conn:
         if d.postgres:
             # One instance migrates at a time; the others wait here, then find nothing to do.
+            # A bounded wait: an instance stuck mid-migration must not hang the others' start.
+            conn.execute("SET LOCAL lock_timeout = '60s'")
             conn.execute("SELECT pg_advisory_xact_lock(?)", (_lock_key(SCHEMA_TABLE),))
         conn.execute(d.ddl(f"CREATE TABLE IF NOT EXISTS {SCHEMA_TABLE} ("
                            "component TEXT PRIMARY KEY, version INTEGER NOT NULL)"))

@@ -32,9 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
-from vigil.database import POSTGRESQL, SCHEMA_TABLE, Dialect, _lock_key, redact_url
+from vigil.database import POSTGRESQL, SCHEMA_TABLE, Dialect, _lock_key, redact_url, url_password
 from vigil.errors import ExtraMissingError, StoreError, StoreUnavailable
 
 try:
@@ -236,7 +235,7 @@ class PostgresDatabase:
         self.readonly = readonly
         self.connect_timeout = float(connect_timeout)
         self._display = redact_url(url)
-        self._password = urlsplit(url).password or ""
+        self._password = url_password(url)
         self._local = threading.local()
         self._closed = False
         self._connection_class = _recording_connection_class()
