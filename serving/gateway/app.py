@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI
@@ -99,9 +99,12 @@ def _batch_queue(gateway: Gateway, cfg: Config, clock: Clock) -> Any:
 
 
 def create_app(cfg: Config, *, clock: Clock = system_clock, cache: Any = None,
-               batch: bool = True, gateway: Gateway | None = None) -> GatewayApp:
+               batch: bool = True, gateway: Gateway | None = None,
+               on_started: Callable[[], None] | None = None) -> GatewayApp:
     """The gateway app for ``cfg``. ``cache`` injects a ``SemanticCache`` (else built from
-    ``[gateway.cache]``); ``batch=False`` leaves the batch queue out."""
+    ``[gateway.cache]``); ``batch=False`` leaves the batch queue out. ``on_started`` runs once
+    the lifespan's start-up is done (records open, replicas polled, the cache's model loaded),
+    before the first request: ``vigil gateway`` freezes the heap there (``cli.freeze_heap``)."""
     gw = gateway or Gateway(cfg, clock=clock, cache=cache)
     queue = _batch_queue(gw, cfg, clock) if batch else None
     if queue is not None:
@@ -111,6 +114,8 @@ def create_app(cfg: Config, *, clock: Clock = system_clock, cache: Any = None,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gw.start()
         task = asyncio.create_task(queue.run(), name="gateway-batch") if queue else None
+        if on_started is not None:
+            on_started()
         try:
             yield
         finally:

@@ -8,8 +8,8 @@ uvicorn runs on uvloop with the httptools parser when they are installed (``uvic
 extras): both in C, they take a large part of the per-event cost of relaying a stream off the
 gateway's CPU (docs/gateway.md, Performance). Without them it runs on asyncio and h11, slower.
 The objects that live as long as the process are frozen out of the garbage collector's
-generations before serving (``gc.freeze``). The web stack (the ``gateway`` extra) is imported
-only to serve: ``vigil gateway --help`` works without it.
+generations once start-up is done, before the first request (``freeze_heap``). The web stack
+(the ``gateway`` extra) is imported only to serve: ``vigil gateway --help`` works without it.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from vigil.cli_options import add_config_option, add_listen_option, parse_listen
 from vigil.config import Config, load_config
 from vigil.errors import ConfigError
 
-__all__ = ["SHUTDOWN_GRACE", "add_arguments", "parse_listen", "replicas_line", "run",
-           "server_choices"]
+__all__ = ["SHUTDOWN_GRACE", "add_arguments", "freeze_heap", "parse_listen", "replicas_line",
+           "run", "server_choices"]
 
 #: Seconds in-flight requests get to finish on shutdown.
 SHUTDOWN_GRACE = 10
@@ -65,6 +65,17 @@ def replicas_line(cfg: Config) -> str:
     return "replicas: " + "; ".join(parts)
 
 
+def freeze_heap() -> None:
+    """Collect once, then move every object alive now out of the collector's generations
+    (``gc.freeze``): what start-up made (modules, the app, pydantic's schemas, uvicorn's
+    lazily imported protocol modules, the records database, the cache's embedding model) lives
+    as long as the process, and a full collection that walked it all would pause the event
+    loop for tens of milliseconds (docs/gateway.md, Performance). Called by the lifespan after
+    start-up, before the first request; the one collection here is the last full walk."""
+    gc.collect()
+    gc.freeze()
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM; exit code 0 (2 for a bad config)."""
     import uvicorn
@@ -79,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if not cfg.gateway.api_keys:
         log.warning("no [[gateway.api_keys]]: every request will get 401")
     host, port = parse_listen(args.listen or cfg.gateway.listen)
-    app = create_app(cfg)
+    app = create_app(cfg, on_started=freeze_heap)
     loop, http = server_choices()
     pools = ", ".join(f"{p.name} ({p.model})" for p in cfg.pools)
     print(f"vigil gateway: http://{host}:{port}/v1 for pools {pools}; records in "
@@ -89,11 +100,6 @@ def run(args: argparse.Namespace) -> int:
     # it found: with Python's default one that kills the process (exit -15). A no-op handler
     # makes a requested stop the clean exit (0) it is.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    # Everything made so far (modules, the app, pydantic's schemas) lives as long as the
-    # process: out of the collector's way, a full collection walks only what requests make
-    # instead of pausing the event loop for tens of milliseconds.
-    gc.collect()
-    gc.freeze()
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
                     timeout_graceful_shutdown=SHUTDOWN_GRACE, lifespan="on", loop=loop,
