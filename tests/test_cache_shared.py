@@ -6,6 +6,7 @@ on SQLite and on a real PostgreSQL server, with the real all-MiniLM-L6-v2."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from serving.cache.shared import SharedEntries
 from serving.gateway.caching import CacheBridge
 from vigil.clock import ManualClock
 from vigil.database import open_database
+from vigil.errors import StoreError
 
 PASSWORD = "How do I reset my password?"
 PARAPHRASE = "What is the way to reset my password?"
@@ -407,3 +409,147 @@ def test_a_row_committed_after_a_later_one_is_still_read(postgres_url: str) -> N
         assert read() == []  # and not twice
     finally:
         reader.close()
+
+
+def publish(shared: SharedEntries, l1: str, *, query: str | None = None,
+            partition: str | None = None) -> None:
+    """Queue one entry (a 4-d unit vector when it has a query)."""
+    vector = None if query is None else np.full(4, 0.5, dtype=np.float32)
+    shared.publish(l1=l1, body=b"{}", l2_partition=partition, query=query, vector=vector,
+                   expires_at=T0 + 60)
+
+
+def test_a_prompt_with_nul_is_shared_with_its_batch(target: str | Path) -> None:
+    # PostgreSQL refuses NUL in text: it must cost neither the row nor the 500-row batch.
+    clock = ManualClock(T0)
+    writer = SharedEntries(target, clock=clock, max_entries=10, origin="w")
+    reader = SharedEntries(target, clock=clock, max_entries=10, origin="r")
+    publish(writer, "before")
+    publish(writer, "nul", query="reset\x00password", partition="chat\x00m")
+    publish(writer, "after")
+    writer.start()  # one batch: all three were queued before the thread ran
+    try:
+        assert writer.flush()
+        assert (writer.written, writer.dropped, writer.rejected) == (3, 0, 0)
+        reader.sync()
+        entries = {e.l1: e for e in reader.take()}
+        assert sorted(entries) == ["after", "before", "nul"]
+        assert entries["nul"].query == "reset\ufffdpassword"  # the same on both databases
+        assert entries["nul"].l2_partition == "chat\ufffdm"
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_a_row_the_database_refuses_costs_only_that_row(target: str | Path) -> None:
+    # A lone surrogate (valid in JSON, "\ud800") cannot be encoded to UTF-8 by either driver.
+    clock = ManualClock(T0)
+    writer = SharedEntries(target, clock=clock, max_entries=10, origin="w")
+    publish(writer, "good-1")
+    publish(writer, "bad", query="reset \ud800 password", partition="chat")
+    publish(writer, "good-2")
+    writer.start()
+    try:
+        assert writer.flush()
+        assert (writer.written, writer.rejected, writer.dropped) == (2, 1, 1)
+        assert not writer._down  # a refused row is no outage ...
+        publish(writer, "queued-at-shutdown")
+    finally:
+        writer.close()  # ... so what is queued at shutdown is still written
+    assert writer.written == 3
+    assert [r[1] for r in rows(target)] == ["good-1", "good-2", "queued-at-shutdown"]
+
+
+def test_a_row_committed_late_during_the_start_is_still_read(
+        postgres_url: str) -> None:  # noqa: F811
+    # The initial load must settle like any read: seq 1 commits after the load saw seq 2.
+    import psycopg
+
+    from serving.cache.shared import _INSERT
+
+    def insert(conn: Any, l1: str) -> None:
+        conn.execute(_INSERT.replace("?", "%s"),
+                     (l1, None, b"{}", None, None, None, T0, T0 + 60, "writer"))
+
+    creator = SharedEntries(postgres_url, clock=ManualClock(T0), max_entries=10, origin="x")
+    assert creator.sync() == 0  # creates the table
+    creator.close()
+    reader = SharedEntries(postgres_url, clock=ManualClock(T0), max_entries=10, origin="r")
+    try:
+        with psycopg.connect(postgres_url) as slow, psycopg.connect(postgres_url) as fast:
+            insert(slow, "early")  # seq 1, not committed yet
+            with fast.transaction():
+                insert(fast, "late")  # seq 2
+            assert reader.sync() == 1  # the load
+            assert [e.l1 for e in reader.take()] == ["late"]
+            slow.commit()
+        assert reader.sync() == 1
+        assert [e.l1 for e in reader.take()] == ["early"]
+        assert reader.sync() == 0  # and not twice
+    finally:
+        reader.close()
+
+
+class FailingFetch:
+    """A database whose next fetch of rows by ``seq`` fails (listing still works)."""
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+        self.fail = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.db, name)
+
+    def query(self, sql: str, params: Any = (), **kwargs: Any) -> list[Any]:
+        if "seq IN" in sql and self.fail:
+            self.fail = False
+            raise StoreError("cannot read new cache entries: connection reset")
+        return self.db.query(sql, params, **kwargs)
+
+
+def test_a_failed_fetch_loses_no_row(target: str | Path) -> None:
+    clock = ManualClock(T0)
+    writer = SharedEntries(target, clock=clock, max_entries=10, origin="w")
+    reader = SharedEntries(target, clock=clock, max_entries=10, origin="r")
+    try:
+        assert reader.sync() == 0  # loaded (empty)
+        writer.start()
+        publish(writer, "shared")
+        assert writer.flush() and writer.written == 1
+        assert reader._db is not None
+        reader._db = FailingFetch(reader._db)  # type: ignore[assignment]
+        assert reader.sync() == 0  # the fetch failed
+        assert reader.sync() == 1  # the row was not marked seen: read now
+        assert [e.l1 for e in reader.take()] == ["shared"]
+        assert reader.sync() == 0
+    finally:
+        writer.close()
+        reader.close()
+
+
+class PurgeFails(SharedEntries):
+    """Its first purge fails with an error that is not the database's."""
+
+    purges = 0
+
+    def _purge(self, db: Any) -> int:
+        self.purges += 1
+        if self.purges == 1:
+            raise RuntimeError("unexpected")
+        return super()._purge(db)
+
+
+def test_an_unexpected_error_does_not_end_the_background_thread(tmp_path: Path) -> None:
+    shared = PurgeFails(tmp_path / "gateway.db", clock=ManualClock(T0), max_entries=10,
+                        origin="a", sync_interval=0.005, purge_interval=0.005)
+    shared.start()
+    try:
+        for _ in range(400):
+            if shared.purges >= 2:
+                break
+            time.sleep(0.005)
+        assert shared.purges >= 2 and shared.failures == 1  # logged, counted, went on
+        publish(shared, "after")
+        assert shared.flush(timeout=2.0) and shared.written == 1
+    finally:
+        shared.close()

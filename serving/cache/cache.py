@@ -116,11 +116,13 @@ class CacheStats:
     guard_rejections: int
     bypasses: Mapping[str, int] = field(default_factory=dict)
     refused: Mapping[str, int] = field(default_factory=dict)
-    #: Shared through the gateway database: entries written, entries not written (queue full
-    #: or database unreachable), entries of other instances put into this cache.
+    #: Shared through the gateway database: entries written, entries not written (queue full,
+    #: database unreachable, or the row refused), entries of other instances put into this
+    #: cache; of the dropped, those the database refused for their content.
     shared_written: int = 0
     shared_dropped: int = 0
     shared_applied: int = 0
+    shared_rejected: int = 0
 
 
 class SemanticCache:
@@ -276,7 +278,8 @@ class SemanticCache:
             refused=dict(self._refused),
             shared_written=self.shared.written if self.shared is not None else 0,
             shared_dropped=self.shared.dropped if self.shared is not None else 0,
-            shared_applied=self._shared_applied)
+            shared_applied=self._shared_applied,
+            shared_rejected=self.shared.rejected if self.shared is not None else 0)
 
     # --- shared entries (on the event loop) ---------------------------------------------------
 

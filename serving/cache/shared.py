@@ -8,13 +8,17 @@ touch the database. What is shared is the table ``cache_entries``, one row per s
 * **write**: an answer this instance stores is queued (``publish``, never blocking) and written
   by a background thread in batches. The queue is bounded; when it is full, or when the
   database cannot be written (down, restarting), entries are dropped and counted: the cache
-  still holds them locally, and a cache entry is worth less than a request record.
+  still holds them locally, and a cache entry is worth less than a request record. NUL in a
+  text field is replaced (U+FFFD) on either database, since PostgreSQL refuses it; a row the
+  database still refuses costs only that row (``rejected``), never its batch.
 * **read**: every ``sync_interval`` seconds the same thread reads the rows other instances
   appended since the last read (``seq``) and hands them to the event loop (``take``), which
   puts them into its ``EntryStore``. Expired rows are never handed over; a row's
   ``expires_at`` (Unix seconds on the injected clock) is kept as it was stored.
 * **start**: the live rows already in the table (the newest ``max_entries``) are loaded, so an
   instance that starts, or a single gateway that restarts on its SQLite file, begins warm.
+  The read position then settles like any other read (below): a row whose transaction was
+  still open during the load is read once it commits.
 * **purge**: once a minute expired rows and rows beyond ``max_entries`` (oldest ``seq``
   first) are deleted; on PostgreSQL a transaction-scoped advisory lock lets one instance
   purge at a time (the others skip that round).
@@ -22,13 +26,15 @@ touch the database. What is shared is the table ``cache_entries``, one row per s
 On PostgreSQL, ``seq`` values are handed out before commit, so a row with a smaller ``seq``
 can become visible after a larger one has been read. The reader therefore re-reads the ``seq``
 values of the last ``SETTLE_SECONDS`` and fetches the ones it has not seen; on SQLite writers
-take the write lock before the ``seq`` is chosen, so commit order is ``seq`` order.
+take the write lock before the ``seq`` is chosen, so commit order is ``seq`` order. A ``seq``
+counts as seen only once its row was fetched, so a failed read loses nothing.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -46,7 +52,7 @@ import numpy as np
 
 from vigil.clock import Clock
 from vigil.database import SqlDatabase, open_database
-from vigil.errors import StoreError
+from vigil.errors import StoreError, StoreUnavailable
 
 __all__ = ["COMPONENT", "MIGRATIONS", "WHAT", "SharedEntries", "SharedEntry"]
 
@@ -99,6 +105,13 @@ def _lock_key(name: str) -> int:
 
 
 _PURGE_LOCK = _lock_key("cache_entries.purge")
+
+
+def _text(value: str | None) -> str | None:
+    """``value`` without NUL (PostgreSQL refuses it in text; SQLite gets the same row)."""
+    if value is None or "\x00" not in value:
+        return value
+    return value.replace("\x00", "\ufffd")
 
 
 def default_origin() -> str:
@@ -177,6 +190,10 @@ class SharedEntries:
         # Two counters, each written by one thread only (``+=`` is not atomic across threads).
         self._dropped_full = 0
         self._dropped_unwritten = 0
+        #: Entries the database refused for their content (not an outage): not shared.
+        self.rejected = 0
+        #: Unexpected errors in the background thread (logged; the thread goes on).
+        self.failures = 0
         #: Rows of other instances (or of the table at start) handed to the event loop.
         self.received = 0
         #: Rows deleted by this instance's purges.
@@ -184,8 +201,9 @@ class SharedEntries:
 
     @property
     def dropped(self) -> int:
-        """Entries not written: the queue was full or the database could not be written."""
-        return self._dropped_full + self._dropped_unwritten
+        """Entries not written: the queue was full, the database could not be written, or it
+        refused the row (``rejected``)."""
+        return self._dropped_full + self._dropped_unwritten + self.rejected
 
     # --- event loop side -------------------------------------------------------------------
 
@@ -209,8 +227,8 @@ class SharedEntries:
             blob, dim = flat.tobytes(), int(flat.shape[0])
         else:
             l2_partition = query = None
-        row = (l1, l2_partition, body, query, blob, dim, float(self._clock()),
-               float(expires_at), self.origin)
+        row = (_text(l1), _text(l2_partition), body, _text(query), blob, dim,
+               float(self._clock()), float(expires_at), _text(self.origin))
         try:
             self._queue.put_nowait(row)
         except queue.Full:
@@ -293,26 +311,32 @@ class SharedEntries:
         while True:
             now = time.monotonic()
             if now >= next_read:
-                with self._db_lock:
-                    try:
-                        self._read()
-                    except Exception:  # the thread must outlive any one failure
-                        log.exception("semantic cache: reading the shared entries failed")
-                    finally:
-                        self._first_attempt.set()
+                try:
+                    self._guarded("read", self.sync)
+                finally:
+                    self._first_attempt.set()
                 next_read = now + self.sync_interval
             if now >= next_purge:
-                self.purge()
+                self._guarded("purge", self.purge)
                 next_purge = now + self.purge_interval
             try:
                 item = self._queue.get(timeout=max(0.0, next_read - time.monotonic()))
             except queue.Empty:
                 item = None
             if item is not None:
-                self._write_from(item)
+                self._guarded("write", functools.partial(self._write_from, item))
             if self._stopping.is_set():
-                self._write_rest()
+                self._guarded("write", self._write_rest)
                 return
+
+    def _guarded(self, doing: str, step: Callable[[], object]) -> None:
+        """Run one step of the thread; an unexpected error is logged and counted, and the
+        thread goes on (it is the only writer and reader of this instance)."""
+        try:
+            step()
+        except Exception:
+            self.failures += 1
+            log.exception("semantic cache: could not %s the shared entries", doing)
 
     def _write_from(self, first: Any) -> None:
         """Write ``first`` and what else is queued (up to MAX_BATCH rows)."""
@@ -353,9 +377,16 @@ class SharedEntries:
         if db is None:
             self._dropped_unwritten += len(batch)
             return
+        refused = 0
         try:
-            with db.transaction(doing="write cache entries") as conn:
-                conn.executemany(_INSERT, batch)
+            with db.transaction(doing="write cache entries"):
+                try:
+                    with db.transaction(doing="write cache entries") as part:
+                        part.executemany(_INSERT, batch)
+                except StoreUnavailable:
+                    raise
+                except Exception:  # a row's content: find that row, keep the others
+                    refused = self._write_each(db, batch)
         except StoreError as exc:
             self._dropped_unwritten += len(batch)
             self._unreachable("write", exc)
@@ -364,8 +395,28 @@ class SharedEntries:
             self._dropped_unwritten += len(batch)
             log.exception("semantic cache: writing %d shared entries failed", len(batch))
             return
-        self.written += len(batch)
+        self.written += len(batch) - refused
+        self.rejected += refused
         self._reachable()
+
+    def _write_each(self, db: SqlDatabase, batch: list[tuple[Any, ...]]) -> int:
+        """Write ``batch`` row by row, each in its savepoint (inside the caller's
+        transaction); how many rows the database refused. An outage still raises."""
+        refused = 0
+        first: BaseException | None = None
+        for row in batch:
+            try:
+                with db.transaction(doing="write a cache entry") as part:
+                    part.execute(_INSERT, row)
+            except StoreUnavailable:
+                raise
+            except Exception as exc:  # this row only
+                refused += 1
+                first = first or exc
+        if refused:
+            log.warning("semantic cache: the database refused %d of %d shared entries, kept "
+                        "on this instance only (first: %s)", refused, len(batch), first)
+        return refused
 
     # --- database work (under _db_lock) -------------------------------------------------------
 
@@ -401,26 +452,34 @@ class SharedEntries:
         return len(rows)
 
     def _load(self, db: SqlDatabase) -> list[SharedEntry]:
-        """The newest ``max_entries`` live rows of every origin, oldest first."""
+        """The newest ``max_entries`` live rows of every origin, oldest first.
+
+        Every ``seq`` in the table counts as seen, and the floor settles from there as after
+        any read: on PostgreSQL a row with a smaller ``seq`` still uncommitted during the load
+        is read by a later ``_new_rows`` (which, for ``SETTLE_SECONDS``, lists the table)."""
         with db.snapshot() as conn:
-            high = conn.execute("SELECT MAX(seq) FROM cache_entries").fetchone()[0]
+            seqs = [int(s) for (s,) in conn.execute("SELECT seq FROM cache_entries")]
             rows = conn.execute(f"SELECT {_COLUMNS} FROM cache_entries WHERE expires_at > ? "
                                 "ORDER BY seq DESC LIMIT ?",
                                 (float(self._clock()), self.max_entries)).fetchall()
-        self._floor = self._high = int(high or 0)
+        self._seen.update(s for s in seqs if s > self._floor)
+        self._high = max(self._high, max(seqs, default=0))
         self._loaded = True
+        self._advance(db.dialect.postgres)
         return [_entry(r) for r in reversed(rows)]
 
     def _new_rows(self, db: SqlDatabase) -> list[SharedEntry]:
         """Rows of other origins not read yet (see the module docstring on ``seq`` order)."""
         fresh: list[int] = []
+        listed: list[int] = []
+        high = self._high
         for seq, origin in db.query("SELECT seq, origin FROM cache_entries WHERE seq > ? "
                                     "ORDER BY seq", (self._floor,),
                                     doing="read new cache entries"):
             seq = int(seq)
-            self._high = max(self._high, seq)
+            high = max(high, seq)
             if seq not in self._seen:
-                self._seen.add(seq)
+                listed.append(seq)
                 if origin != self.origin:
                     fresh.append(seq)
         rows: list[SharedEntry] = []
@@ -432,6 +491,9 @@ class SharedEntries:
                              "AND expires_at > ? ORDER BY seq", (*chunk, now),
                              doing="read new cache entries")
             rows += [_entry(r) for r in found]
+        # Only now: a fetch that failed above leaves these to the next read.
+        self._seen.update(listed)
+        self._high = high
         self._advance(db.dialect.postgres)
         return rows
 
