@@ -4,10 +4,12 @@ the writer and reader on PostgreSQL, and through its outages."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from pathlib import Path
 
 import pytest
+from helpers import wait_for
 
 from collector.request_log import GatewayRecord, GatewayRecords, RecordWriter
 from serving.gateway.accounting import ShareLedger, gpu_cost_per_second
@@ -126,11 +128,88 @@ def test_the_same_record_put_twice_is_stored_once(writer: RecordWriter) -> None:
     first = _rec(1, ts=5.0)
     writer.put(first)
     writer.flush()
-    again = first._replace(message="written again")  # a retried batch carries the same id
-    writer.put(again)
+    # A retried batch carries the same id (and the same record): the stored one is kept.
+    writer.put(first._replace(message="written again"))
     writer.flush()
-    assert GatewayRecords(writer.target).rows(None, 10, 10) == [again]
-    assert writer.written == 2
+    assert GatewayRecords(writer.target).rows(None, 10, 10) == [first]
+    assert (writer.written, writer.rejected) == (2, 0)
+
+
+def test_nul_in_text_is_stored_as_the_replacement_character(writer: RecordWriter) -> None:
+    writer.put(_rec(1, ts=5.0)._replace(model="\x00", message="model '\x00x\x00' not found"))
+    assert writer.flush()
+    stored = GatewayRecords(writer.target).get("vgl-1")
+    assert stored is not None
+    assert (stored.model, stored.message) == ("\ufffd", "model '\ufffdx\ufffd' not found")
+    assert writer.rejected == 0
+
+
+def _started_with(path: Path, records: list[object], **options: object) -> RecordWriter:
+    """A writer whose first batch is ``records`` (all put before the thread starts)."""
+    w = RecordWriter(path, **options)  # type: ignore[arg-type]
+    for r in records:
+        w.put(r)  # type: ignore[arg-type]
+    w.start()
+    return w
+
+
+def test_a_record_that_cannot_be_converted_is_rejected_and_the_writer_goes_on(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="vigil.gateway.records")
+    bad_flag = _rec(2, ts=2.0)._replace(stream=object())  # int() of it raises
+    w = _started_with(tmp_path / "gw.db", [_rec(1, ts=1.0), None, bad_flag, _rec(3, ts=3.0)])
+    try:
+        assert w.flush()
+        w.put(_rec(4, ts=4.0))  # the thread is still there
+        assert w.flush()
+        assert (w.written, w.rejected, w.write_failures, w.buffered) == (3, 2, 0, 0)
+    finally:
+        assert w.close() == 0
+    assert [r.id for r in GatewayRecords(w.target).rows(None, 10, 10)] == [
+        "vgl-1", "vgl-3", "vgl-4"]
+    told = " ".join(r.getMessage() for r in caplog.records)
+    assert "'vgl-2'" in told and "<not a record: NoneType>" in told and "TypeError" in told
+
+
+def test_a_row_the_database_refuses_is_dropped_alone(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="vigil.gateway.records")
+    records = [_rec(i, ts=1.0 + i) for i in range(40)]
+    records[17] = records[17]._replace(pool=None)  # NOT NULL
+    records[30] = records[30]._replace(tier=None)
+    w = _started_with(tmp_path / "gw.db", records)
+    try:
+        assert w.flush()
+        assert (w.written, w.rejected, w.write_failures, w.buffered) == (38, 2, 0, 0)
+    finally:
+        assert w.close() == 0
+    stored = [r.id for r in GatewayRecords(w.target).rows(None, 100, 100)]
+    assert stored == [f"vgl-{i}" for i in range(40) if i not in (17, 30)]
+    told = [r.getMessage() for r in caplog.records if "cannot be stored" in r.getMessage()]
+    assert any("'vgl-17'" in m and "NOT NULL constraint failed: gateway_requests.pool" in m
+               for m in told)
+    assert any("'vgl-30'" in m and "gateway_requests.tier" in m for m in told)
+
+
+def test_a_locked_file_is_retried_not_rejected(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import vigil.sqlite
+
+    monkeypatch.setattr(vigil.sqlite, "BUSY_TIMEOUT_MS", 20)  # read when the file is opened
+    w = RecordWriter(tmp_path / "gw.db", retry_interval=0.01, max_retry_interval=0.02)
+    w.start()
+    blocker = sqlite3.connect(tmp_path / "gw.db", isolation_level=None)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")
+        w.put(_rec(1, ts=1.0))
+        wait_for("failed writes", lambda: w.write_failures >= 2, interval_s=0.01)
+        assert (w.written, w.rejected, w.buffered) == (0, 0, 1)
+        blocker.execute("ROLLBACK")
+        assert w.flush()
+        assert (w.written, w.rejected) == (1, 0)
+    finally:
+        blocker.close()
+        w.close()
 
 
 # The table as the SQLite-only versions created it, before schema steps were recorded.
@@ -215,14 +294,17 @@ def test_metrics_export_the_writers_counts(tmp_path: Path) -> None:
     w = RecordWriter(tmp_path / "gw.db", max_queue=3)
     for i in range(5):
         w.put(_rec(i, ts=1.0))
-    w.write_failures = 7  # as the writer thread counts them
+    w.write_failures, w.rejected = 7, 4  # as the writer thread counts them
     m = GatewayMetrics(depth=dict, replicas=list, dropped=lambda: w.dropped,
-                       buffered=lambda: w.buffered, write_failures=lambda: w.write_failures)
+                       buffered=lambda: w.buffered, write_failures=lambda: w.write_failures,
+                       rejected=lambda: w.rejected)
     text = generate_latest(m.registry).decode()
     assert "vigil_gateway_records_dropped 2.0" in text
     assert "vigil_gateway_records_buffered 3.0" in text
     assert "# TYPE vigil_gateway_record_write_failures_total counter" in text
     assert "vigil_gateway_record_write_failures_total 7.0" in text
+    assert "# TYPE vigil_gateway_records_rejected_total counter" in text
+    assert "vigil_gateway_records_rejected_total 4.0" in text
 
 
 def test_records_survive_close_and_reopen(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""The gateway's per-request records on PostgreSQL: the same rows as on SQLite, and no record
-lost while the server is down (stopped and started again under the writer)."""
+"""The gateway's per-request records on PostgreSQL: the same rows as on SQLite, no record lost
+while the server is down (stopped and started again under the writer), and only the rows the
+server refuses dropped from a batch."""
 
 from __future__ import annotations
 
@@ -101,10 +102,96 @@ def test_a_database_that_cannot_be_opened_fails_the_start_by_name(
 
 def test_the_same_record_put_twice_is_stored_once(postgres_url: str) -> None:
     first = _rec(1)
-    again = first._replace(message="written again")
-    _write(postgres_url, [first, again]).close()
+    w = _write(postgres_url, [first])
+    w.put(first._replace(message="written again"))  # a later batch: the stored one is kept
+    assert w.flush(timeout=30)
+    w.close()
     with GatewayRecords(postgres_url) as reader:
-        assert reader.rows(None, AT, WINDOW) == [again]
+        assert reader.rows(None, AT, WINDOW) == [first]
+
+
+def _first_batch(target: str | Path, records: list[GatewayRecord]) -> RecordWriter:
+    """A writer whose first batch is ``records`` (all put before the thread starts)."""
+    w = RecordWriter(target)
+    for r in records:
+        w.put(r)
+    w.start()
+    assert w.flush(timeout=30)
+    return w
+
+
+def _transactions(url: str, first_id: str = "") -> int:
+    """How many transactions wrote the stored records (from ``first_id`` on)."""
+    with psycopg.connect(url) as conn:
+        (n,) = conn.execute("SELECT count(DISTINCT xmin::text) FROM gateway_requests "
+                            "WHERE id >= %s", (first_id,)).fetchone()
+    return int(n)
+
+
+def test_an_id_twice_in_one_batch_is_stored_once(postgres_url: str) -> None:
+    twice = [_rec(1), _rec(1), _rec(2), _rec(3), _rec(2), _rec(4)]
+    w = _first_batch(postgres_url, twice)
+    assert (w.written, w.rejected, w.write_failures) == (6, 0, 0)
+    w.close()
+    assert _stored_ids(postgres_url) == ["vgl-0001", "vgl-0002", "vgl-0003", "vgl-0004"]
+    assert _transactions(postgres_url) == 1  # the batch as a whole, not split
+
+
+def test_nul_in_text_is_stored_alike_on_both_databases(tmp_path: Path,
+                                                       postgres_url: str) -> None:
+    # A client's {"model": "\u0000"} is quoted in the model and the 404's message.
+    nul = [_rec(1, model="\x00", message="model '\x00' not found", status=404),
+           _rec(2, tenant="a\x00b", batch_id="\x00", upstream_id="x\x00")]
+    for target in (tmp_path / "gw.db", postgres_url):
+        w = _first_batch(target, [*nul, _rec(3)])
+        assert (w.written, w.rejected) == (3, 0)
+        w.close()
+    sqlite, postgres = GatewayRecords(tmp_path / "gw.db"), GatewayRecords(postgres_url)
+    try:
+        assert postgres.rows(None, AT, WINDOW) == sqlite.rows(None, AT, WINDOW)
+        first = postgres.get("vgl-0001")
+        assert first is not None
+        assert (first.model, first.message) == ("\ufffd", "model '\ufffd' not found")
+    finally:
+        postgres.close()
+
+
+def _staging_tables(url: str) -> set[int]:
+    """The oids of the writer connections' staging tables (temporary, one per session)."""
+    with psycopg.connect(url) as conn:
+        return {oid for (oid,) in conn.execute(
+            "SELECT oid::bigint FROM pg_class WHERE relname = 'gateway_requests_in' "
+            "AND relpersistence = 't'").fetchall()}
+
+
+def test_rows_the_server_refuses_are_dropped_alone(postgres_url: str,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="vigil.gateway.records")
+    records = [_rec(i) for i in range(60)]
+    records[5] = records[5]._replace(pool=None)  # NOT NULL
+    records[41] = records[41]._replace(prompt_tokens=2**63)  # beyond BIGINT
+    records[42] = records[42]._replace(ttft_s="fast")  # not a number
+    w = _first_batch(postgres_url, records)
+    try:
+        assert (w.written, w.rejected, w.write_failures, w.buffered) == (57, 3, 0, 0)
+        # The first transaction made the staging table and rolled back: it was made again.
+        made = _staging_tables(postgres_url)
+        assert 1 <= len(made) <= POOL_SIZE
+        for i in range(3):
+            for r in range(10):
+                w.put(_rec(100 + 10 * i + r))
+            assert w.flush(timeout=30)
+        assert _staging_tables(postgres_url) == made  # kept, not made per batch
+        assert _transactions(postgres_url, "vgl-0100") == 3  # one per batch: by the COPY
+    finally:
+        w.close()
+    stored = _stored_ids(postgres_url)
+    assert stored == [f"vgl-{i:04d}" for i in [*range(60), *range(100, 130)]
+                      if i not in (5, 41, 42)]
+    told = " ".join(r.getMessage() for r in caplog.records)
+    for bad in ("'vgl-0005'", "'vgl-0041'", "'vgl-0042'"):
+        assert bad in told
+    assert "null value in column \"pool\"" in told and "bigint out of range" in told
 
 
 def test_a_database_without_the_table_has_no_records_until_written(postgres_url: str) -> None:

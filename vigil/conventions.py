@@ -316,6 +316,8 @@ METRIC_GW_RECORDS_DROPPED = "vigil_gateway_records_dropped"
 METRIC_GW_RECORDS_BUFFERED = "vigil_gateway_records_buffered"
 #: Failed attempts to write a batch of records (each batch is retried until written).
 METRIC_GW_RECORD_WRITE_FAILURES = "vigil_gateway_record_write_failures"
+#: Records dropped because the database refused them (logged with their ids).
+METRIC_GW_RECORDS_REJECTED = "vigil_gateway_records_rejected"
 #: Labels of the gateway's series (LABEL_POOL as above).
 LABEL_TIER = "tier"
 LABEL_ENDPOINT = "endpoint"

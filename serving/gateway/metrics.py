@@ -2,9 +2,9 @@
 
 Counters and histograms are updated as requests finish; series that describe a current state
 (queue depth per tier, replica health, outstanding requests, KV usage, the record writer's
-dropped and buffered records and failed writes) are read at scrape time by ``_StateCollector``
-from the objects that hold that state, so nothing has to keep them in sync. Names and labels
-are in ``vigil.conventions`` (Gateway section).
+dropped, buffered and rejected records and failed writes) are read at scrape time by
+``_StateCollector`` from the objects that hold that state, so nothing has to keep them in
+sync. Names and labels are in ``vigil.conventions`` (Gateway section).
 
 Each labelled series is reached through ``Family.labels``, which remembers its children:
 prometheus_client's own ``labels`` takes a lock and checks the label values on every call, and
@@ -43,6 +43,7 @@ from vigil.conventions import (
     METRIC_GW_RECORD_WRITE_FAILURES,
     METRIC_GW_RECORDS_BUFFERED,
     METRIC_GW_RECORDS_DROPPED,
+    METRIC_GW_RECORDS_REJECTED,
     METRIC_GW_REJECTIONS,
     METRIC_GW_REPLICA_KV_USAGE,
     METRIC_GW_REPLICA_OUTSTANDING,
@@ -87,12 +88,13 @@ class Family(Generic[_M]):
 class _StateCollector(Collector):
     def __init__(self, depth: QueueDepth, replicas: Callable[[], Iterable[Replica]],
                  dropped: Callable[[], int], buffered: Callable[[], int],
-                 write_failures: Callable[[], int]) -> None:
+                 write_failures: Callable[[], int], rejected: Callable[[], int]) -> None:
         self._depth = depth
         self._replicas = replicas
         self._dropped = dropped
         self._buffered = buffered
         self._write_failures = write_failures
+        self._rejected = rejected
 
     def collect(self) -> Iterable[Metric]:
         depth = GaugeMetricFamily(METRIC_GW_QUEUE_DEPTH,
@@ -124,19 +126,23 @@ class _StateCollector(Collector):
                                        "Failed attempts to write a batch of request records "
                                        "(the batch is kept and retried).")
         failures.add_metric([], self._write_failures())
-        return [depth, up, outstanding, kv, dropped, buffered, failures]
+        rejected = CounterMetricFamily(METRIC_GW_RECORDS_REJECTED,
+                                       "Request records dropped because the database refused "
+                                       "them (logged with their ids).")
+        rejected.add_metric([], self._rejected())
+        return [depth, up, outstanding, kv, dropped, buffered, failures, rejected]
 
 
 class GatewayMetrics:
     """Every gateway series, in ``self.registry``.
 
-    ``dropped``, ``buffered`` and ``write_failures`` read the record writer's counts (records)
-    at scrape time.
+    ``dropped``, ``buffered``, ``write_failures`` and ``rejected`` read the record writer's
+    counts (records; failed attempts) at scrape time.
     """
 
     def __init__(self, *, depth: QueueDepth, replicas: Callable[[], Iterable[Replica]],
                  dropped: Callable[[], int], buffered: Callable[[], int],
-                 write_failures: Callable[[], int],
+                 write_failures: Callable[[], int], rejected: Callable[[], int],
                  registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
@@ -177,4 +183,5 @@ class GatewayMetrics:
         self.saved = Family(Counter(
             METRIC_GW_SAVED, "GPU cost the semantic cache saved (USD).",
             [LABEL_POOL, LABEL_TIER], registry=r))
-        r.register(_StateCollector(depth, replicas, dropped, buffered, write_failures))
+        r.register(_StateCollector(depth, replicas, dropped, buffered, write_failures,
+                                   rejected))

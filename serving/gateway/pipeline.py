@@ -215,6 +215,7 @@ class Gateway:
                                       dropped=lambda: self.records.dropped,
                                       buffered=lambda: self.records.buffered,
                                       write_failures=lambda: self.records.write_failures,
+                                      rejected=lambda: self.records.rejected,
                                       registry=registry)
         self._pools: dict[str, PoolConfig] = {}
         for p in cfg.pools:
@@ -389,7 +390,8 @@ class Gateway:
                     return 200, self._cache_hit_record(call, hit)
             reply = await self.forwarder.unary(call.pool, ENDPOINT_PATHS[call.endpoint],
                                                self._payload(call, incoming.body),
-                                               charge=call.charge)
+                                               charge=call.charge, prompt=self.forwarder
+                                               .prompt_of(item.endpoint, incoming.body))
         except GatewayError as exc:
             self._record_refusal(call, exc)
             return exc.status, error_body(exc)
