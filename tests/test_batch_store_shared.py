@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from test_gateway_batch_support import (
@@ -23,18 +24,22 @@ from test_gateway_batch_support import (
     ControlledLoad,
     FakeClock,
     LoopThread,
+    auth,
     batch_config,
     chat_line,
     file_lines,
     get_batch,
     headers,
+    jsonl,
+    pool_of_model,
     running_queue,
     submit,
+    upload,
     wait_status,
     wait_until,
 )
 
-from serving.gateway.batch import BatchRequest
+from serving.gateway.batch import BatchQueue, BatchRequest
 from serving.gateway.batch_store import MIGRATIONS, BatchStore, NewRequest
 from vigil.database import SCHEMA_TABLE
 
@@ -187,7 +192,7 @@ def test_a_lapsed_lease_passes_to_another_instance_and_the_stale_owner_writes_no
     assert b.has_queued(POOL, LEASE + 1)
     taken = b.claim(POOL, 3, now=LEASE + 1)  # A died, as far as anyone can tell
     assert [c.custom_id for c in taken] == ["c0", "c1", "c2"]
-    assert [c.attempts for c in taken] == [0, 0, 0]
+    assert [c.attempts for c in taken] == [1, 1, 1]  # the lapsed lease was a try
     # A was only slow: its answers come now, and are not stored.
     assert not a.finish(batch_id, "c0", ok=True, line=answer("c0", "a"), now=LEASE + 2)
     assert not a.retry_later(batch_id, "c1", attempts=1, not_before=LEASE + 3)
@@ -385,6 +390,7 @@ def test_the_queue_survives_a_database_outage(
         held = submit(client, [chat_line("q1")])
         wait_until(lambda: "q1" in sent, what="q1 sent")
         caplog.set_level(logging.WARNING, logger="serving.gateway.batch")
+        caplog.set_level(logging.WARNING, logger="serving.gateway.batch_api")
         postgres_server.stop()
         try:
             # q1's answer comes while its result cannot be stored: it is kept for later.
@@ -393,6 +399,13 @@ def test_the_queue_survives_a_database_outage(
             assert r.status_code == 503, r.text
             assert r.json()["error"]["code"] == "database_unavailable"
             assert r.headers["retry-after"]
+            # The client learns nothing of the database; the log names it.
+            url = urlsplit(postgres_url)
+            database = url.path.strip("/")
+            for secret in (url.hostname, str(url.port), url.username, database):
+                assert secret and secret not in r.text
+            assert any(r.name == "serving.gateway.batch_api" and database in r.getMessage()
+                       for r in caplog.records)
             wait_until(lambda: outage_logs(caplog), what="the outage in the log")
             # The loop goes on polling (each poll waits for the pool's timeout) and does not
             # log the same outage again.
@@ -435,3 +448,270 @@ def test_a_slow_database_does_not_block_the_event_loop(loop: LoopThread, tmp_pat
             other.close()
         wait_until(clock.readings_after(2), what="polls after the lock is released")
         assert client.get("/v1/batches", headers=headers()).status_code == 200
+
+
+# --- stopped batches, attempts, hand-back ---------------------------------------------------
+def _put_back(store: BatchStore, batch_id: str, custom_id: str) -> None:
+    """What a retry writes when it read the batch as running while another instance
+    cancelled it (PostgreSQL, READ COMMITTED): the request is queued again."""
+    store._db.execute("UPDATE batch_requests SET state = 'queued', owner = NULL, "
+                      "lease_until = NULL WHERE batch_id = ? AND custom_id = ?",
+                      (batch_id, custom_id))
+
+
+def error_lines(store: BatchStore, batch_id: str) -> list[dict[str, Any]]:
+    b = store.batch(batch_id, "t")
+    assert b is not None and b.error_file_id is not None
+    content = store.file_content(b.error_file_id, "t")
+    assert content is not None
+    return [json.loads(x) for x in content.decode().splitlines()]
+
+
+def test_a_request_queued_again_in_a_cancelled_batch_is_not_sent_and_the_batch_ends(
+        stores: Callable[[str], BatchStore]) -> None:
+    a, b = stores("instance-a"), stores("instance-b")
+    batch_id = add_batch(a, 2)
+    assert len(a.claim(POOL, 2, now=0)) == 2
+    b.cancel(batch_id, now=5)  # both in flight: the cancel leaves them to finish
+    _put_back(a, batch_id, "c0")
+    assert a.finish(batch_id, "c1", ok=True, line=answer("c1", "a"), now=6)
+    assert b.claim(POOL, 2, now=7) == []
+    assert b.finalize_ready(now=8) == [batch_id]
+    done = b.batch(batch_id, "t")
+    assert done is not None and done.status == "cancelled"
+    assert [x["error"]["code"] for x in error_lines(b, batch_id)] == ["batch_cancelled"]
+
+
+def test_a_request_queued_again_in_an_expired_batch_is_not_sent_and_the_batch_ends(
+        stores: Callable[[str], BatchStore]) -> None:
+    a, b = stores("instance-a"), stores("instance-b")
+    batch_id = add_batch(a, 1, window_s=60)
+    assert len(a.claim(POOL, 1, now=0)) == 1
+    assert b.expire_due(now=60) == [batch_id]
+    _put_back(a, batch_id, "c0")
+    # Without headroom no claim runs: the next expiry pass ends the request instead.
+    assert b.expire_due(now=61) == []
+    assert b.finalize_ready(now=62) == [batch_id]
+    assert [x["error"]["code"] for x in error_lines(b, batch_id)] == ["batch_expired"]
+
+
+def test_a_batch_past_its_window_is_not_claimed_before_it_is_marked_expired(
+        stores: Callable[[str], BatchStore]) -> None:
+    a = stores("instance-a")
+    add_batch(a, 1, window_s=60)
+    assert a.claim(POOL, 1, now=60) == []
+    assert a.expire_due(now=60)
+
+
+def test_a_request_whose_lease_keeps_running_out_ends_with_an_error_line(
+        target: str | Path) -> None:
+    store = BatchStore(target, owner="a", lease=LEASE, max_attempts=3)
+    try:
+        batch_id = add_batch(store, 1)
+        t = 0.0
+        for attempts in (0, 1, 2):  # every instance that sends it dies
+            [c] = store.claim(POOL, 1, now=t)
+            assert c.attempts == attempts
+            t += LEASE + 1
+        assert store.claim(POOL, 1, now=t) == []  # the third lapse was the last try
+        assert store.finalize_ready(now=int(t) + 1) == [batch_id]
+        [line] = error_lines(store, batch_id)
+        assert line["custom_id"] == "c0" and line["response"] is None
+        assert line["error"]["code"] == "upstream_error"
+        assert "tried 3 times" in line["error"]["message"]
+    finally:
+        store.close()
+
+
+def test_handed_back_requests_are_claimed_at_once_and_count_no_attempt(
+        stores: Callable[[str], BatchStore]) -> None:
+    a, b = stores("instance-a"), stores("instance-b")
+    batch_id = add_batch(a, 3)
+    assert len(a.claim(POOL, 3, now=0)) == 3
+    assert a.hand_back([(batch_id, "c0"), (batch_id, "c1")]) == 2
+    assert b.hand_back([(batch_id, "c2")]) == 0  # not B's to hand back
+    assert b.has_queued(POOL, 1)
+    taken = b.claim(POOL, 3, now=1)  # long before A's lease would have run out
+    assert [(c.custom_id, c.attempts) for c in taken] == [("c0", 0), ("c1", 0)]
+
+
+# --- leases and the clock -------------------------------------------------------------------
+def test_a_claim_reads_the_clock_inside_its_transaction(
+        stores: Callable[[str], BatchStore]) -> None:
+    a = stores("instance-a")
+    batch_id = add_batch(a, 1)
+    readings: list[float] = []
+
+    def clock() -> float:
+        readings.append(100.0 + len(readings))
+        return readings[-1]
+
+    [c] = a.claim(POOL, 1, clock)
+    assert readings == [100.0] and c.leased_at == 100.0
+    [[lease_until]] = a._read("SELECT lease_until FROM batch_requests WHERE batch_id = ?",
+                              (batch_id,))
+    assert lease_until == 100.0 + LEASE
+
+
+class SteppingClock(FakeClock):
+    """A clock that moves forward ``step`` seconds at every reading."""
+
+    step: float = 0.25
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return super().__call__()
+
+
+def _lease_until(store: BatchStore, custom_id: str) -> float:
+    [[lease_until]] = store._read("SELECT lease_until FROM batch_requests WHERE custom_id = ?",
+                                  (custom_id,))
+    return float(lease_until)
+
+
+def test_the_renewal_schedule_counts_from_the_time_the_claim_used(
+        loop: LoopThread, target: str | Path, stores: Callable[[str], BatchStore]) -> None:
+    load = ControlledLoad()
+    load.idle()
+    sender = CountingSender("a", {}, hold=("r0",))
+    with running_queue(loop, target, batch_config(lease=LEASE), send=sender, load=load,
+                       clock=SteppingClock()) as (client, queue):
+        submit(client, [chat_line("r0")])
+        wait_until(lambda: queue._held, what="r0 claimed")
+        assert _lease_until(stores("reader"), "r0") == queue._renewed_at + LEASE
+        loop.loop.call_soon_threadsafe(sender.release.set)
+
+
+def test_renewals_wait_neither_for_api_calls_nor_for_the_release_loop(
+        loop: LoopThread, target: str | Path, stores: Callable[[str], BatchStore]) -> None:
+    load = ControlledLoad()
+    load.idle()
+    clock = FakeClock()
+    sender = CountingSender("a", {}, hold=("r0",))
+    reader = stores("reader")
+    blocked = threading.Event()
+    entered: list[str] = []
+
+    def stuck(name: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            entered.append(name)
+            blocked.wait(30)
+            return None
+        return call
+
+    with running_queue(loop, target, batch_config(lease=LEASE), send=sender, load=load,
+                       clock=clock) as (client, queue):
+        submit(client, [chat_line("r0")])
+        wait_until(lambda: queue._held, what="r0 claimed")
+        first = _lease_until(reader, "r0")
+        # Every API thread and the release loop's thread wait on a slow database call.
+        queue._store.file = stuck("api")  # type: ignore[method-assign]
+        queue._store.has_queued = stuck("loop")  # type: ignore[method-assign]
+        callers = ThreadPoolExecutor(2)
+        try:
+            for _ in range(2):
+                callers.submit(client.get, "/v1/files/file-x", headers=headers())
+            loop.loop.call_soon_threadsafe(queue._wake.set)
+            wait_until(lambda: entered.count("api") == 2 and "loop" in entered,
+                       what="the executors busy")
+            clock.now += LEASE / 2
+            wait_until(lambda: _lease_until(reader, "r0") == clock.now + LEASE, timeout=5,
+                       what="a renewal while the other threads wait")
+            assert _lease_until(reader, "r0") > first
+        finally:
+            blocked.set()
+            callers.shutdown(wait=True)
+            loop.loop.call_soon_threadsafe(sender.release.set)
+
+
+# --- maintenance and shutdown ---------------------------------------------------------------
+def test_maintenance_runs_on_a_timer_not_on_every_wake(loop: LoopThread, tmp_path: Path
+                                                       ) -> None:
+    load = ControlledLoad()
+    load.idle()
+    poll = 0.3
+    with running_queue(loop, tmp_path / "gw.db", batch_config(poll_interval=poll,
+                                                              max_in_flight=1),
+                       send=CountingSender("a", {}), load=load) as (client, queue):
+        calls: dict[str, int] = {}
+
+        def counting(name: str) -> Callable[..., Any]:
+            fn = getattr(queue._store, name)
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                calls[name] = calls.get(name, 0) + 1
+                return fn(*args, **kwargs)
+            return counted
+
+        for name in ("has_queued", "expire_due", "finalize_ready", "purge", "depths"):
+            setattr(queue._store, name, counting(name))
+        started = time.monotonic()
+        b = submit(client, [chat_line(f"m{i}") for i in range(20)])
+        wait_status(client, b["id"], "completed")
+        elapsed = time.monotonic() - started
+    assert calls["has_queued"] >= 20  # every finished request woke the loop
+    timer = int(elapsed / poll) + 2
+    for name in ("expire_due", "finalize_ready", "depths"):
+        assert calls[name] <= timer, (name, calls, elapsed)
+    assert calls.get("purge", 0) <= 1  # once a minute
+
+
+def test_finalizing_ends_each_batch_in_its_own_transaction(
+        stores: Callable[[str], BatchStore]) -> None:
+    a = stores("instance-a")
+    ids = [add_batch(a, 1, prefix=f"b{i}-") for i in range(3)]
+    for c in a.claim(POOL, 3, now=0):
+        assert a.finish(c.batch_id, c.custom_id, ok=True, line=answer(c.custom_id, "a"), now=1)
+    doings: list[str] = []
+    transaction = a._db.transaction
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        doings.append(kwargs.get("doing", ""))
+        return transaction(*args, **kwargs)
+
+    a._db.transaction = counted  # type: ignore[method-assign]
+    assert a.finalize_ready(now=2) == ids
+    assert len(doings) == 3
+
+
+def test_closing_from_the_event_loop_does_not_block_it(loop: LoopThread, tmp_path: Path
+                                                       ) -> None:
+    # A queue whose database thread is busy with a slow call when it is closed.
+    q = BatchQueue(tmp_path / "gw.db", batch_config(), pools=[POOL], load=ControlledLoad(),
+                   send=CountingSender("a", {}), auth=auth, pool_of_model=pool_of_model)
+    busy = threading.Event()
+    q._executor.submit(busy.wait, 30)
+    closing = asyncio.run_coroutine_threadsafe(q.aclose(), loop.loop)
+    started = time.monotonic()
+    loop.call(asyncio.sleep(0), timeout=5)
+    assert time.monotonic() - started < 1.0 and not closing.done()
+    busy.set()
+    closing.result(10)
+    assert q._store._db.closed
+
+
+# --- text PostgreSQL cannot store ---------------------------------------------------------
+def test_nul_in_a_custom_id_a_file_name_or_an_id_is_refused_not_a_server_error(
+        loop: LoopThread, target: str | Path) -> None:
+    load = ControlledLoad()
+    with running_queue(loop, target, batch_config(), send=CountingSender("a", {}),
+                       load=load) as (client, _):
+        r = upload(client, jsonl([chat_line("a\u0000b")]))
+        assert r.status_code == 400, r.text
+        assert "NUL" in r.json()["error"]["message"]
+        # Written by hand: httpx would percent-encode the NUL in the file name.
+        body = (b'--x\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+                b'--x\r\nContent-Disposition: form-data; name="file"; filename="in\x00put.jsonl"'
+                b"\r\nContent-Type: application/jsonl\r\n\r\n" + jsonl([chat_line("a")])
+                + b"\r\n--x--\r\n")
+        r = client.post("/v1/files", content=body,
+                        headers={**headers(), "Content-Type": "multipart/form-data; boundary=x"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "file", r.text
+        for path in ("/v1/files/file-%00", "/v1/files/file-%00/content", "/v1/batches/b%00"):
+            assert client.get(path, headers=headers()).status_code == 404
+        r = client.post("/v1/batches", headers=headers(),
+                        json={"input_file_id": "file-\u0000", "endpoint": CHAT,
+                              "completion_window": "24h"})
+        assert r.status_code == 404, r.text
+        assert client.post("/v1/batches/b%00/cancel", headers=headers()).status_code == 404
+        assert client.get("/v1/batches?after=b%00", headers=headers()).status_code == 400

@@ -57,6 +57,8 @@ def test_good_lines_keep_their_line_numbers() -> None:
      "custom_id must be a non-empty string"),
     (json.dumps({"custom_id": "a", "method": "GET", "url": "/v1/completions", "body": {}}),
      "method must be 'POST'"),
+    (json.dumps({"custom_id": "a\u0000b", "method": "POST", "url": "/v1/completions",
+                 "body": {}}), "custom_id must not hold a NUL character"),
     (json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
                  "body": {"model": MODEL}}), "body.prompt is required"),
     (json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",

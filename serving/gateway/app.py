@@ -123,7 +123,7 @@ def create_app(cfg: Config, *, clock: Clock = system_clock, cache: Any = None,
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-                queue.close()
+                await queue.aclose()
             await gw.aclose()
 
     proxy = {ENDPOINT_PATHS[e]: ProxyEndpoint(gw, e)

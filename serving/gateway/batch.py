@@ -19,10 +19,18 @@ while it works on it; a request in flight when its instance stops (or loses the 
 longer than the lease) is sent again by whichever instance claims it next, after the lease has
 run out, and its ``(batch_id, custom_id)`` gets exactly one line in the results.
 
-Every database call runs in one worker thread of the queue, never on the event loop (on
-PostgreSQL a call is a network round trip, and during an outage it waits for the pool's
-timeout). While the database is unreachable (``StoreUnavailable``) the release loop logs once,
-keeps what it has sent in memory and tries again every poll; the API answers 503.
+A request whose lease ran out counts as a failed try too: after ``retry_attempts`` of them it
+gets an error line instead of being sent again. On a clean stop (``run()`` cancelled) the
+requests in flight are handed back, to be claimed again at once by any instance.
+
+Database calls never run on the event loop (on PostgreSQL a call is a network round trip, and
+during an outage it waits for the pool's timeout), and they run on three executors so that
+one kind of work never waits behind another: the release loop's (claims, results,
+maintenance), the API's (uploads and batches of up to 200 MB), and one thread that only renews
+leases, so a long API call cannot let a lease run out. The maintenance (expiry, finalizing,
+depths) runs every ``poll_interval``, retention once a minute, not on every wake-up. While the
+database is unreachable (``StoreUnavailable``) the release loop logs once, keeps what it has
+sent in memory and tries again every poll; the API answers 503.
 """
 
 from __future__ import annotations
@@ -61,6 +69,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _DAY = 86400.0
+#: Clock seconds between two purges of batches past their retention.
+_PURGE_EVERY = 60.0
+#: Threads for API calls: a large upload being stored does not hold up every other call.
+_API_THREADS = 2
 _WINDOW = re.compile(r"^(\d\d):(\d\d)-(\d\d):(\d\d)$")
 
 
@@ -182,10 +194,16 @@ class BatchQueue:
         self._clock = clock
         self._retry_attempts = retry_attempts
         self._retry_backoff = retry_backoff
-        self._store = BatchStore(target, owner=owner, lease=cfg.lease)
-        # One thread for every database call: the loop never waits on the database, and the
-        # store sees one call at a time from this process.
+        self._store = BatchStore(target, owner=owner, lease=cfg.lease,
+                                 max_attempts=retry_attempts)
+        # The release loop's calls run one at a time, in order (a hand-back after the results
+        # of cancelled sends); API calls and renewals have threads of their own, so that
+        # neither waits behind the other or behind the loop.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-store")
+        self._api_executor = ThreadPoolExecutor(max_workers=_API_THREADS,
+                                                thread_name_prefix="batch-api")
+        self._renew_executor = ThreadPoolExecutor(max_workers=1,
+                                                  thread_name_prefix="batch-renew")
         self._in_flight: dict[str, set[asyncio.Task[None]]] = {p: set() for p in self._pools}
         #: Requests this instance holds (sending, or answered but not yet stored): the leases
         #: it renews.
@@ -195,11 +213,14 @@ class BatchQueue:
         self._renewed_at = -float("inf")
         self._outage = False
         self._depths: dict[str, int] = {}
+        #: Event-loop time of the next maintenance; clock time of the last purge.
+        self._maintain_at = -float("inf")
+        self._purged_at = -float("inf")
         self._wake = asyncio.Event()
         self._api = BatchApi(self._store, auth=auth, clock=clock, pool_of_model=pool_of_model,
                              pools=self._pools, on_change=self._wake.set,
                              retention=cfg.retention, max_file_bytes=max_file_bytes,
-                             max_lines=max_lines, call=self._db)
+                             max_lines=max_lines, call=self._api_call)
 
     # --- public surface ---------------------------------------------------------------------
     @property
@@ -223,24 +244,37 @@ class BatchQueue:
         return any(w.contains(now) for w in self._windows)
 
     def close(self) -> None:
-        """Close the database (after ``run()`` has been cancelled); waits for a database
-        call still running."""
-        self._executor.shutdown(wait=True)
+        """Close the database (after ``run()`` has been cancelled); blocks until the
+        database calls still running are done: from the event loop, use ``aclose()``."""
+        for executor in (self._executor, self._api_executor, self._renew_executor):
+            executor.shutdown(wait=True)
         self._store.close()
 
+    async def aclose(self) -> None:
+        """``close()`` in a worker thread: the event loop goes on serving meanwhile."""
+        await asyncio.to_thread(self.close)
+
     async def _db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)`` (a store call) in the database thread."""
+        """``fn(*args, **kwargs)`` (a store call) in the release loop's database thread."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor,
+                                          functools.partial(fn, *args, **kwargs))
+
+    async def _api_call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` (a store call of the API) in the API's threads."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._api_executor,
                                           functools.partial(fn, *args, **kwargs))
 
     async def run(self) -> None:
         """Release queued requests until cancelled.
 
         Requests that a stopped instance left in flight come back once their lease has run
-        out. On cancellation, sends in flight are cancelled too; their requests stay marked
-        in flight in the database until their lease runs out, then are sent again.
+        out. On cancellation, sends in flight are cancelled too and their requests handed
+        back (any instance sends them again at once, no attempt counted); if the database
+        cannot be reached then, they come back when their lease runs out.
         """
+        renewer = asyncio.create_task(self._renew_loop(), name="batch-renew")
         try:
             while True:
                 self._wake.clear()
@@ -259,13 +293,53 @@ class BatchQueue:
                     log.exception("batch queue: poll failed; retrying in %gs",
                                   self._cfg.poll_interval)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(),
-                                           min(self._cfg.poll_interval, self._renew_every))
+                    await asyncio.wait_for(self._wake.wait(), self._cfg.poll_interval)
         finally:
+            renewer.cancel()
+            # Taken before the cancelled sends let go of their requests.
+            held = list(self._held)
             tasks = [t for ts in self._in_flight.values() for t in ts]
             for t in tasks:
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(renewer, *tasks, return_exceptions=True)
+            await self._hand_back(held)
+
+    async def _hand_back(self, held: list[tuple[str, str]]) -> None:
+        """On shutdown: store the results kept during an outage, hand back the rest."""
+        if not held:
+            return
+        try:
+            await self._store_unsaved()
+        except Exception as exc:
+            log.warning("batch queue: %d results could not be stored before stopping; their "
+                        "requests are sent again: %s", len(self._unsaved), exc)
+        try:
+            n = await self._db(self._store.hand_back, held)
+        except Exception as exc:
+            log.warning("batch queue: could not hand back %d requests in flight; they are sent "
+                        "again once their lease runs out: %s", len(held), exc)
+            return
+        if n:
+            log.info("batch queue: handed back %d requests in flight", n)
+
+    async def _renew_loop(self) -> None:
+        """Renew the leases this instance holds, every third of the lease, in a thread of
+        its own: neither a slow claim nor a 200 MB upload delays a renewal."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(self._cfg.poll_interval, self._renew_every))
+            now = self._clock()
+            if not self._held or now - self._renewed_at < self._renew_every:
+                continue
+            try:
+                await loop.run_in_executor(self._renew_executor, self._store.renew,
+                                           list(self._held), now)
+            except StoreUnavailable:
+                continue  # the release loop reports the outage; renewal tries again
+            except Exception:
+                log.exception("batch queue: renewing leases failed; retrying")
+                continue
+            self._renewed_at = now
 
     # --- the release loop -------------------------------------------------------------------
     @property
@@ -285,33 +359,43 @@ class BatchQueue:
 
     async def _tick(self) -> None:
         now = self._clock()
-        if self._held and now - self._renewed_at >= self._renew_every:
-            await self._db(self._store.renew, list(self._held), now)
-            self._renewed_at = now
         await self._store_unsaved()
-        expired = await self._db(self._store.expire_due, int(now))
-        if expired:
-            log.info("batch queue: %d batches passed their completion window", len(expired))
         for pool in self._pools:
             free = self._cfg.max_in_flight - len(self._in_flight[pool])
             if free <= 0 or not await self._db(self._store.has_queued, pool, now):
                 continue
             if not self._may_release(pool, now):
                 continue
-            for claimed in await self._db(self._store.claim, pool, free, now):
-                self._hold(claimed.key)
+            # The clock is read inside the claim's transaction: the lease and the renewal
+            # schedule count from the same moment.
+            for claimed in await self._db(self._store.claim, pool, free, self._clock):
+                self._hold(claimed.key, claimed.leased_at)
                 task = asyncio.create_task(self._send_one(claimed),
                                            name=f"batch-{claimed.batch_id}-{claimed.custom_id}")
                 self._in_flight[pool].add(task)
                 task.add_done_callback(functools.partial(self._sent, claimed.key))
-        await self._db(self._store.finalize_ready, int(now))
-        await self._db(self._store.purge, now, self._cfg.retention)
+        loop_now = asyncio.get_running_loop().time()
+        if loop_now >= self._maintain_at:
+            # Every poll_interval, not every wake-up: each finished request wakes the loop,
+            # and these scan every running batch.
+            await self._maintain(int(now))
+            self._maintain_at = loop_now + self._cfg.poll_interval
+
+    async def _maintain(self, now: int) -> None:
+        expired = await self._db(self._store.expire_due, now)
+        if expired:
+            log.info("batch queue: %d batches passed their completion window", len(expired))
+        await self._db(self._store.finalize_ready, now)
+        if now - self._purged_at >= _PURGE_EVERY:
+            await self._db(self._store.purge, now, self._cfg.retention)
+            self._purged_at = now
         self._depths = await self._db(self._store.depths)
 
-    def _hold(self, key: tuple[str, str]) -> None:
+    def _hold(self, key: tuple[str, str], leased_at: float | None = None) -> None:
         if not self._held:
-            # Renewal counts from the first claim: a lease taken now is good for ``lease``.
-            self._renewed_at = self._clock()
+            # Renewal counts from the first claim: a lease taken at ``leased_at`` is good
+            # for ``lease`` from then.
+            self._renewed_at = self._clock() if leased_at is None else leased_at
         self._held[key] = self._held.get(key, 0) + 1
 
     def _release(self, key: tuple[str, str]) -> None:
@@ -372,7 +456,7 @@ class BatchQueue:
         try:
             status, body = await self._send(request)
         except asyncio.CancelledError:
-            raise  # shutting down: the request stays in flight until its lease runs out
+            raise  # shutting down: run() hands the request back
         except Exception as exc:
             await self._failed(c, None, None, f"{type(exc).__name__}: {exc}")
             return

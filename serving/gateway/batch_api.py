@@ -9,9 +9,11 @@ Objects have the fields of ``openai.types.Batch`` and ``openai.types.FileObject`
 client parses them. Errors are OpenAI-style bodies (``{"error": {message, type, param, code}}``)
 built here rather than by FastAPI, whose 422 bodies the client would not understand; while the
 database cannot be reached every route answers 503 (``database_unavailable``, with
-``Retry-After``), which the client retries.
+``Retry-After``), which the client retries; the body says nothing of the database (host, user,
+name), the log has the detail. Text with a NUL character (which PostgreSQL cannot store) is
+refused: a ``custom_id`` or file name with one is a 400, an id with one is not found.
 
-Store calls go through ``call`` (the queue's database thread): a handler never blocks the event
+Store calls go through ``call`` (the queue's API threads): a handler never blocks the event
 loop on the database.
 """
 
@@ -68,6 +70,8 @@ _CREATE_KEYS = {"input_file_id", "endpoint", "completion_window", "metadata",
                 "output_expires_after"}
 #: Seconds a client is told to wait when the database is unreachable.
 _UNAVAILABLE_RETRY_AFTER = 5
+#: PostgreSQL text cannot hold it: names and ids with it are refused before any store call.
+_NUL = "\x00"
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +105,8 @@ def _check_line(obj: Any, pool_of_model: Callable[[str], str | None],
     custom_id = obj["custom_id"]
     if not isinstance(custom_id, str) or not custom_id:
         return f"custom_id must be a non-empty string, got {custom_id!r}", ""
+    if _NUL in custom_id:
+        return f"custom_id must not hold a NUL character, got {custom_id!r}", ""
     if obj["method"] != "POST":
         return f"method must be 'POST', got {obj['method']!r}", ""
     url = obj["url"]
@@ -184,8 +190,9 @@ def openai_error(status: int, message: str, *, type: str = "invalid_request_erro
                                    "code": code}}, status_code=status, headers=headers)
 
 
-def _unavailable(exc: StoreUnavailable) -> JSONResponse:
-    return openai_error(503, f"the batch queue's database is unreachable; retry later ({exc})",
+def _unavailable() -> JSONResponse:
+    # Nothing of the error itself: it names the database's host, user and name.
+    return openai_error(503, "the batch queue's database is unreachable; retry later",
                         type="server_error", code="database_unavailable",
                         headers={"Retry-After": str(_UNAVAILABLE_RETRY_AFTER)})
 
@@ -200,8 +207,8 @@ def _answers_503_when_unavailable(
         try:
             return await handler(*args, **kwargs)
         except StoreUnavailable as exc:
-            log.warning("batch API: %s", exc)
-            return _unavailable(exc)
+            log.warning("batch API: answering 503: %s", exc)
+            return _unavailable()
 
     return guarded
 
@@ -243,6 +250,11 @@ def _not_found(kind: str, object_id: str) -> JSONResponse:
     return openai_error(404, f"No such {kind} object: {object_id!r}", code="not_found")
 
 
+def _storable(object_id: str) -> bool:
+    """Whether ``object_id`` can be looked up at all: one with NUL names nothing stored."""
+    return _NUL not in object_id
+
+
 def _check_metadata(value: Any) -> str | None:
     """OpenAI's metadata rules: up to 16 string pairs, keys <= 64 and values <= 512 chars."""
     if value is None:
@@ -265,7 +277,7 @@ class BatchApi:
     seconds; ``pool_of_model`` maps a model name to its pool (None: not served); ``pools``
     are the pools that take batch work; ``on_change`` is called when there is new work for the
     release loop; ``retention`` (seconds) is how long results are kept; ``call`` runs a store
-    call off the event loop (the queue's database thread; default ``asyncio.to_thread``).
+    call off the event loop (the queue's API threads; default ``asyncio.to_thread``).
     """
 
     def __init__(self, store: BatchStore, *, auth: Callable[[Request], Awaitable[Caller]],
@@ -333,6 +345,9 @@ class BatchApi:
             filename = upload.filename or "input.jsonl"
         finally:
             await form.close()
+        if _NUL in filename:
+            return openai_error(400, f"the file name must not hold a NUL character, got "
+                                     f"{filename!r}", param="file")
         if len(content) > self._max_file_bytes:
             return openai_error(413, f"the file is larger than {self._max_file_bytes} bytes",
                                 param="file")
@@ -349,7 +364,8 @@ class BatchApi:
     async def get_file(self, file_id: str, request: Request) -> Response:
         """``GET /v1/files/{id}``."""
         caller = await self._auth(request)
-        f = await self._call(self._store.file, file_id, caller.tenant)
+        f = await self._call(self._store.file, file_id, caller.tenant) \
+            if _storable(file_id) else None
         if f is None:
             return _not_found("File", file_id)
         return JSONResponse(file_object(f, retention=self._retention))
@@ -357,7 +373,8 @@ class BatchApi:
     async def get_file_content(self, file_id: str, request: Request) -> Response:
         """``GET /v1/files/{id}/content``: the raw bytes."""
         caller = await self._auth(request)
-        content = await self._call(self._store.file_content, file_id, caller.tenant)
+        content = await self._call(self._store.file_content, file_id, caller.tenant) \
+            if _storable(file_id) else None
         if content is None:
             return _not_found("File", file_id)
         return Response(content, media_type="application/octet-stream")
@@ -396,6 +413,8 @@ class BatchApi:
             return openai_error(400, problem, param="metadata")
         metadata = params.get("metadata")
         file_id = params["input_file_id"]
+        if not _storable(file_id):
+            return _not_found("File", file_id)
         f = await self._call(self._store.file, file_id, caller.tenant)
         content = (await self._call(self._store.file_content, file_id, caller.tenant)
                    if f else None)
@@ -442,7 +461,8 @@ class BatchApi:
     async def get_batch(self, batch_id: str, request: Request) -> Response:
         """``GET /v1/batches/{id}``."""
         caller = await self._auth(request)
-        b = await self._call(self._store.batch, batch_id, caller.tenant)
+        b = await self._call(self._store.batch, batch_id, caller.tenant) \
+            if _storable(batch_id) else None
         if b is None:
             return _not_found("Batch", batch_id)
         return JSONResponse(await self._batch_json(b))
@@ -451,6 +471,8 @@ class BatchApi:
         """``GET /v1/batches?after=ID&limit=N``: newest first, OpenAI's cursor page."""
         caller = await self._auth(request)
         after = request.query_params.get("after") or None
+        if after is not None and not _storable(after):
+            return openai_error(400, f"after must be a batch id, got {after!r}", param="after")
         raw_limit = request.query_params.get("limit", "20")
         try:
             limit = int(raw_limit)
@@ -471,7 +493,8 @@ class BatchApi:
         """``POST /v1/batches/{id}/cancel``: queued requests are dropped now; requests in
         flight finish, then the batch is ``cancelled`` with the results it has."""
         caller = await self._auth(request)
-        b = await self._call(self._store.batch, batch_id, caller.tenant)
+        b = await self._call(self._store.batch, batch_id, caller.tenant) \
+            if _storable(batch_id) else None
         if b is None:
             return _not_found("Batch", batch_id)
         if b.status in ("completed", "failed", "expired"):
@@ -479,6 +502,7 @@ class BatchApi:
                                      "cancelled", code="batch_not_cancellable")
         now = self._now()
         await self._call(self._store.cancel, batch_id, now)
-        await self._call(self._store.finalize_ready, now)  # nothing in flight: cancelled at once
+        # Nothing in flight: cancelled at once.
+        await self._call(self._store.finalize_ready, now, batch_id=batch_id)
         self._on_change()
         return await self._batch_response(batch_id, caller)

@@ -10,19 +10,28 @@ A request moves ``queued -> in_flight -> ok | error``; ``queued`` may also end `
 (``owner``) and ``lease_until``, a clock time the owner pushes forward (``renew``) while it
 works on the request. A request whose lease ran out belongs to an instance that died or lost
 the database: the next ``claim`` of any instance takes it back (at-least-once delivery
-upstream). A result is written only by the request's current owner while it is still in
-flight (``finish``, ``retry_later``), so a late answer from an instance whose lease was taken
-over writes nothing, and every ``(batch_id, custom_id)`` (the primary key) has exactly one
-line in the output. Claims lock the rows they take and skip rows another transaction holds
-(``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite lets one writer in at a time), so two
-instances claiming at once get disjoint requests; ``expire_due``, ``finalize_ready`` and
+upstream), counting one more attempt: a request that takes down every instance sending it
+ends with an error line after ``max_attempts`` of them rather than being sent forever. An
+instance that stops cleanly hands its requests back (``hand_back``: lease 0), and they are
+claimed again at once, no attempt counted. Only requests of running batches (``in_progress``,
+not past their window) are claimed; queued requests of a batch being cancelled or already
+expired end ``cancelled``/``expired`` in the claim's transaction (a retry can put one back in
+the queue while the batch is cancelled by another instance). A result is written only by the
+request's current owner while it is still in flight (``finish``, ``retry_later``), so a late
+answer from an instance whose lease was taken over writes nothing, and every
+``(batch_id, custom_id)`` (the primary key) has exactly one line in the output. Claims lock
+the rows they take and skip rows another transaction holds (``FOR UPDATE SKIP LOCKED`` on
+PostgreSQL; SQLite lets one writer in at a time), so two instances claiming at once get
+disjoint requests; ``expire_due``, ``finalize_ready`` and
 ``purge`` lock the batch rows the same way and check the status again in their ``UPDATE``, so
-a batch gets one final status and one output file.
+a batch gets one final status and one output file; ``finalize_ready`` ends each batch in a
+transaction of its own, so one large batch does not hold the locks of the others.
 
-Every method is one short transaction and blocks for a database round trip (on PostgreSQL,
-during an outage, up to the pool's timeout, then ``StoreUnavailable``): the queue calls them
-from a worker thread, never from its event loop. Times are Unix seconds of the caller's clock;
-instances sharing a database need clocks that agree to well within the lease.
+Every method is one short transaction (``finalize_ready``: one per batch) and blocks for a
+database round trip (on PostgreSQL, during an outage, up to the pool's timeout, then
+``StoreUnavailable``): the queue calls them from worker threads, never from its event loop.
+Times are Unix seconds of the caller's clock; instances sharing a database need clocks that
+agree to well within the lease.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import json
 import os
 import secrets
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +48,7 @@ from typing import Any
 from vigil.conventions import (
     BATCH_ERROR_CANCELLED,
     BATCH_ERROR_EXPIRED,
+    BATCH_ERROR_UPSTREAM,
     BATCH_FILE_ID_PREFIX,
     BATCH_ID_PREFIX,
     BATCH_PURPOSE_OUTPUT,
@@ -48,6 +58,7 @@ from vigil.database import Connection, SqlDatabase, open_database
 
 __all__ = [
     "DEFAULT_LEASE",
+    "DEFAULT_MAX_ATTEMPTS",
     "MIGRATIONS",
     "BatchStore",
     "ClaimedRequest",
@@ -61,6 +72,9 @@ __all__ = [
 
 #: Seconds a claim holds a request before another instance may take it back.
 DEFAULT_LEASE = 30.0
+#: Tries in all of one request (a send that failed, or a lease that ran out) before its
+#: error line is written; the queue passes its ``retry_attempts``.
+DEFAULT_MAX_ATTEMPTS = 4
 #: The name of the batch tables' schema steps in ``vigil_schema``.
 COMPONENT = "gateway_batch"
 #: Requests renewed per statement: keeps the statement's parameter count small.
@@ -77,6 +91,19 @@ _BACK_TO_QUEUE = (
     "CASE WHEN batch_id IN (SELECT id FROM batch_batches WHERE status = 'cancelling') "
     f"THEN '{CANCELLED}' WHEN batch_id IN (SELECT id FROM batch_batches "
     f"WHERE expired_at IS NOT NULL) THEN '{EXPIRED}' ELSE '{QUEUED}' END")
+#: The state of a request whose lease ran out once too often: an error line, unless its batch
+#: ended meanwhile (as in ``_BACK_TO_QUEUE``).
+_GIVE_UP = _BACK_TO_QUEUE.replace(f"ELSE '{QUEUED}'", f"ELSE '{ERROR}'")
+#: ``lease_until`` of a request handed back by an instance that stopped cleanly: claimed again
+#: at once, with no attempt counted.
+_HANDED_BACK = 0.0
+#: A request in flight whose lease has run out by ``?`` (no lease: left by a release
+#: without leases).
+_LAPSED = f"(lease_until IS NULL OR lease_until = {_HANDED_BACK} OR lease_until < ?)"
+#: Batches whose queued requests are no longer sent: being cancelled, or past their window
+#: (an expired batch stays ``in_progress`` until it is finalized).
+_STOPPED_BATCHES = ("SELECT id FROM batch_batches WHERE status = 'cancelling' "
+                    "OR (status = 'in_progress' AND expired_at IS NOT NULL)")
 
 #: Schema step 1: the tables as the first release created them (unchanged, so that files it
 #: wrote are upgraded in place).
@@ -223,7 +250,8 @@ class NewRequest:
 
 @dataclass(frozen=True)
 class ClaimedRequest:
-    """A request taken off the queue to be sent (``attempts``: earlier tries that failed)."""
+    """A request taken off the queue to be sent (``attempts``: earlier tries that failed,
+    lapsed leases included; ``leased_at``: the clock time its lease counts from, seconds)."""
 
     batch_id: str
     custom_id: str
@@ -233,6 +261,7 @@ class ClaimedRequest:
     attempts: int
     tenant: str
     key_id: str
+    leased_at: float
 
     @property
     def key(self) -> tuple[str, str]:
@@ -262,16 +291,22 @@ class BatchStore:
     ``postgresql://`` URL.
 
     ``owner`` names this instance in the leases it takes (default: ``new_owner()``); ``lease``
-    is how many seconds a claim holds a request unless renewed.
+    is how many seconds a claim holds a request unless renewed; ``max_attempts`` is how many
+    lapsed leases (with the failed sends counted by the queue) a request gets before
+    ``claim`` writes its error line instead of sending it again.
     """
 
     def __init__(self, target: str | Path, *, owner: str | None = None,
-                 lease: float = DEFAULT_LEASE) -> None:
+                 lease: float = DEFAULT_LEASE,
+                 max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
         if not lease > 0:
             raise ValueError(f"lease must be more than 0 seconds, got {lease}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
         self.target = target
         self.owner = owner or new_owner()
         self.lease = float(lease)
+        self.max_attempts = max_attempts
         self._db: SqlDatabase = open_database(target, what="the batch queue",
                                               component=COMPONENT, migrations=MIGRATIONS)
         self._d = self._db.dialect
@@ -399,57 +434,116 @@ class BatchStore:
         under a lease that ran out."""
         return bool(self._read(
             "SELECT 1 FROM batch_requests WHERE pool = ? AND ((state = ? AND not_before <= ?) "
-            "OR (state = ? AND (lease_until IS NULL OR lease_until < ?))) LIMIT 1",
+            f"OR (state = ? AND {_LAPSED})) LIMIT 1",
             (pool, QUEUED, now, IN_FLIGHT, now)))
 
-    def claim(self, pool: str, n: int, now: float) -> list[ClaimedRequest]:
+    def claim(self, pool: str, n: int, now: float | Callable[[], float]
+              ) -> list[ClaimedRequest]:
         """Take up to ``n`` of ``pool``'s ready requests, oldest batch first, in file order,
         and mark them in flight under this owner's lease (until ``now + lease``).
 
-        Requests whose lease ran out by ``now`` go back to the queue first (or end cancelled
-        or expired with their batch), whoever held them.
+        ``now`` is clock seconds, or the clock itself, read once the transaction has begun
+        (a claim that waited for a lock still gets a full lease); ``leased_at`` of each
+        request says which time was used. Only requests of running batches are taken.
+        Requests whose lease ran out by ``now`` go back to the queue first with one more
+        attempt counted (or end cancelled or expired with their batch, or with an error line
+        after ``max_attempts``), whoever held them; queued requests of a batch being
+        cancelled or past its window end ``cancelled``/``expired``.
         """
         skip = self._d.skip_locked()
         with self._db.transaction(doing="claim requests from") as db:
-            lapsed = db.execute(
-                "SELECT batch_id, custom_id FROM batch_requests WHERE pool = ? AND state = ? "
-                f"AND (lease_until IS NULL OR lease_until < ?){skip}",
-                (pool, IN_FLIGHT, now)).fetchall()
-            if lapsed:
-                db.executemany(
-                    f"UPDATE batch_requests SET state = {_BACK_TO_QUEUE}, owner = NULL, "
-                    "lease_until = NULL WHERE batch_id = ? AND custom_id = ? AND state = ?",
-                    [(r[0], r[1], IN_FLIGHT) for r in lapsed])
+            t = float(now()) if callable(now) else float(now)
+            self._take_back_lapsed(db, pool, t, skip)
+            self._end_stopped(db, pool, t)
             rows = db.execute(
                 "SELECT r.batch_id, r.custom_id, r.pool, r.endpoint, r.body, r.attempts, "
                 "b.tenant, b.key_id FROM batch_requests r JOIN batch_batches b "
                 "ON b.id = r.batch_id WHERE r.pool = ? AND r.state = ? AND r.not_before <= ? "
+                "AND b.status = 'in_progress' AND b.expired_at IS NULL AND b.expires_at > ? "
                 f"ORDER BY r.batch_seq, r.line LIMIT ?{self._d.skip_locked('r')}",
-                (pool, QUEUED, now, n)).fetchall()
+                (pool, QUEUED, t, t, n)).fetchall()
             if rows:
                 db.executemany(
                     "UPDATE batch_requests SET state = ?, owner = ?, lease_until = ? "
                     "WHERE batch_id = ? AND custom_id = ? AND state = ?",
-                    [(IN_FLIGHT, self.owner, now + self.lease, r[0], r[1], QUEUED)
+                    [(IN_FLIGHT, self.owner, t + self.lease, r[0], r[1], QUEUED)
                      for r in rows])
-        return [ClaimedRequest(r[0], r[1], r[2], r[3], json.loads(r[4]), int(r[5]), r[6], r[7])
-                for r in rows]
+        return [ClaimedRequest(r[0], r[1], r[2], r[3], json.loads(r[4]), int(r[5]), r[6], r[7],
+                               t) for r in rows]
+
+    def _take_back_lapsed(self, db: Connection, pool: str, now: float, skip: str) -> None:
+        lapsed = db.execute(
+            "SELECT batch_id, custom_id, attempts, lease_until FROM batch_requests "
+            f"WHERE pool = ? AND state = ? AND {_LAPSED}{skip}",
+            (pool, IN_FLIGHT, now)).fetchall()
+        back: list[tuple[Any, ...]] = []
+        gave_up: list[tuple[Any, ...]] = []
+        for batch_id, custom_id, attempts, lease_until in lapsed:
+            # A lease that ran out is a try that failed (the instance died sending it, maybe
+            # because of it); a request handed back on shutdown was not tried to the end.
+            tries = int(attempts) + (0 if lease_until == _HANDED_BACK else 1)
+            if tries < self.max_attempts:
+                back.append((tries, batch_id, custom_id, IN_FLIGHT))
+                continue
+            line = {"id": new_id(BATCH_REQUEST_ID_PREFIX), "custom_id": custom_id,
+                    "response": None,
+                    "error": {"code": BATCH_ERROR_UPSTREAM,
+                              "message": f"the request was tried {tries} times and never "
+                                         "answered: each time, the gateway instance sending it "
+                                         "stopped or lost the database first"}}
+            gave_up.append((tries, json.dumps(line), now, batch_id, custom_id, IN_FLIGHT))
+        if back:
+            db.executemany(
+                f"UPDATE batch_requests SET state = {_BACK_TO_QUEUE}, attempts = ?, "
+                "owner = NULL, lease_until = NULL WHERE batch_id = ? AND custom_id = ? "
+                "AND state = ?", back)
+        if gave_up:
+            db.executemany(
+                f"UPDATE batch_requests SET state = {_GIVE_UP}, attempts = ?, result = ?, "
+                "finished_at = ?, owner = NULL, lease_until = NULL WHERE batch_id = ? "
+                "AND custom_id = ? AND state = ?", gave_up)
+
+    @staticmethod
+    def _end_stopped(db: Connection, pool: str | None, now: float) -> None:
+        """Queued requests of batches being cancelled or past their window end as their
+        batch's queued requests did: on PostgreSQL a retry (``_BACK_TO_QUEUE``) may have read
+        the batch as running while another instance cancelled it, and without this the
+        batch would never finalize."""
+        sql = (f"UPDATE batch_requests SET state = CASE WHEN batch_id IN (SELECT id FROM "
+               f"batch_batches WHERE status = 'cancelling') THEN '{CANCELLED}' "
+               f"ELSE '{EXPIRED}' END, finished_at = ? WHERE state = ? "
+               f"AND batch_id IN ({_STOPPED_BATCHES})")
+        args: list[Any] = [now, QUEUED]
+        if pool is not None:
+            sql += " AND pool = ?"
+            args.append(pool)
+        db.execute(sql, args)
+
+    def _update_held(self, set_sql: str, value: float, keys: Iterable[tuple[str, str]], *,
+                     doing: str) -> int:
+        todo = list(keys)
+        changed = 0
+        for i in range(0, len(todo), _RENEW_CHUNK):
+            chunk = todo[i:i + _RENEW_CHUNK]
+            values = ", ".join(["(?, ?)"] * len(chunk))
+            changed += self._db.execute(
+                f"UPDATE batch_requests SET {set_sql} WHERE owner = ? AND state = ? "
+                f"AND (batch_id, custom_id) IN (VALUES {values})",
+                [value, self.owner, IN_FLIGHT, *(x for k in chunk for x in k)], doing=doing)
+        return changed
 
     def renew(self, keys: Iterable[tuple[str, str]], now: float) -> int:
         """Extend to ``now + lease`` the leases this owner still holds on ``keys``
         (``(batch_id, custom_id)``); how many it still held. A request another instance
         took over is left alone."""
-        todo = list(keys)
-        renewed = 0
-        for i in range(0, len(todo), _RENEW_CHUNK):
-            chunk = todo[i:i + _RENEW_CHUNK]
-            values = ", ".join(["(?, ?)"] * len(chunk))
-            renewed += self._db.execute(
-                "UPDATE batch_requests SET lease_until = ? WHERE owner = ? AND state = ? "
-                f"AND (batch_id, custom_id) IN (VALUES {values})",
-                [now + self.lease, self.owner, IN_FLIGHT, *(x for k in chunk for x in k)],
-                doing="renew the leases of")
-        return renewed
+        return self._update_held("lease_until = ?", now + self.lease, keys,
+                                 doing="renew the leases of")
+
+    def hand_back(self, keys: Iterable[tuple[str, str]]) -> int:
+        """Give up this owner's leases on ``keys`` (a clean shutdown): the next claim of any
+        instance takes them at once and counts no attempt. How many it still held."""
+        return self._update_held("lease_until = ?", _HANDED_BACK, keys,
+                                 doing="hand requests back to")
 
     def finish(self, batch_id: str, custom_id: str, *, ok: bool, line: dict[str, Any],
                now: float) -> bool:
@@ -485,8 +579,9 @@ class BatchStore:
 
     def expire_due(self, now: int) -> list[str]:
         """Batches past their completion window: their queued requests expire (requests in
-        flight finish). Returns the ids of the batches that expired now (by this call: an
-        instance running it at the same time gets the others)."""
+        flight finish), and queued requests left in a stopped batch end (see ``claim``).
+        Returns the ids of the batches that expired now (by this call: an instance running it
+        at the same time gets the others)."""
         expired: list[str] = []
         with self._db.transaction(doing="expire batches in") as db:
             ids = [r[0] for r in db.execute(
@@ -500,22 +595,34 @@ class BatchStore:
                 db.execute("UPDATE batch_requests SET state = ?, finished_at = ? "
                            "WHERE batch_id = ? AND state = ?", (EXPIRED, now, batch_id, QUEUED))
                 expired.append(batch_id)
+            # Also for pools no claim visits now (no headroom): their batches still end.
+            self._end_stopped(db, None, now)
         return expired
 
-    def finalize_ready(self, now: int) -> list[str]:
-        """End every running batch with nothing left queued or in flight: write its output and
-        error files and set its final status. Returns the ids of the batches this call ended
-        (an instance running it at the same time ends the others)."""
+    def finalize_ready(self, now: int, *, batch_id: str | None = None) -> list[str]:
+        """End every running batch (or only ``batch_id``) with nothing left queued or in
+        flight: write its output and error files and set its final status, one batch per
+        transaction. Returns the ids of the batches this call ended (an instance running it
+        at the same time ends the others)."""
+        ready_sql = ("SELECT id FROM batch_batches b WHERE status IN ('in_progress', "
+                     "'cancelling') AND NOT EXISTS (SELECT 1 FROM batch_requests r "
+                     "WHERE r.batch_id = b.id AND r.state IN (?, ?))")
+        args: list[Any] = list(_PENDING)
+        if batch_id is not None:
+            ready_sql += " AND id = ?"
+            args.append(batch_id)
         ended: list[str] = []
-        with self._db.transaction(doing="finalize batches in") as db:
-            ready = db.execute(
-                "SELECT id, tenant, status, expired_at FROM batch_batches b "
-                "WHERE status IN ('in_progress', 'cancelling') AND NOT EXISTS ("
-                "SELECT 1 FROM batch_requests r WHERE r.batch_id = b.id AND r.state IN (?, ?)) "
-                f"ORDER BY seq{self._d.skip_locked()}", _PENDING).fetchall()
-            for batch_id, tenant, status, expired_at in ready:
-                if self._finalize(db, batch_id, tenant, status, expired_at, now):
-                    ended.append(batch_id)
+        for (ready_id,) in self._read(ready_sql + " ORDER BY seq", args):
+            with self._db.transaction(doing="finalize a batch in") as db:
+                # Read again under the row's lock: another instance may be ending it, or a
+                # retry may have put a request back meanwhile.
+                row = db.execute(
+                    "SELECT id, tenant, status, expired_at FROM batch_batches b WHERE id = ? "
+                    "AND status IN ('in_progress', 'cancelling') AND NOT EXISTS (SELECT 1 FROM "
+                    "batch_requests r WHERE r.batch_id = b.id AND r.state IN (?, ?))"
+                    f"{self._d.skip_locked()}", (ready_id, *_PENDING)).fetchone()
+                if row is not None and self._finalize(db, *row, now):
+                    ended.append(ready_id)
         return ended
 
     def _finalize(self, db: Connection, batch_id: str, tenant: str, status: str,
