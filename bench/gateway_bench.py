@@ -53,7 +53,6 @@ import os
 import platform
 import resource
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -67,6 +66,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
+
+from bench.processes import cpu_pressure_us, cpu_seconds, free_port, stop, wait_http  # noqa: E402
 
 MODEL = "bench-model"
 KEY = "sk-bench"
@@ -200,25 +201,6 @@ async def serve_upstream(port: int, tokens: int, interval: float, ttft: float) -
 
 # --- processes ---------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = log.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}: {err}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
-
-
 @contextlib.contextmanager
 def process(args: list[str], health: str, cwd: Path, log: Path, pythonpath: Path = ROOT
             ) -> Iterator[subprocess.Popen[bytes]]:
@@ -232,12 +214,7 @@ def process(args: list[str], health: str, cwd: Path, log: Path, pythonpath: Path
         wait_http(health, proc, log)
         yield proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         if proc.stdout is not None:
             proc.stdout.close()
 
@@ -272,22 +249,6 @@ tenant = "bench"
 tier = "premium"
 """)
     return path
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc), seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_pressure_us() -> float | None:
-    """Microseconds in which some runnable task waited for a CPU since boot (Linux PSI,
-    ``/proc/pressure/cpu``); None where the kernel does not report it."""
-    try:
-        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
-    except (OSError, IndexError):
-        return None
-    return float(line.rsplit("total=", 1)[1])
 
 
 def own_cpu_seconds() -> float:

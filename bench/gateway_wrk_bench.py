@@ -34,18 +34,19 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.processes import cpu_pressure_us, cpu_seconds, free_port, stop, wait_http  # noqa: E402
+
 MODEL = "bench-model"
 KEY = "sk-bench"
 PG_BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
@@ -158,25 +159,6 @@ tier = "premium"
 
 # --- processes ---------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = log.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}: {err}")
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as r:
-            if r.status == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
-
-
 @contextlib.contextmanager
 def process(args: list[str], health: str, log: Path, *, cwd: Path = ROOT,
             env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
@@ -187,12 +169,7 @@ def process(args: list[str], health: str, log: Path, *, cwd: Path = ROOT,
         wait_http(health, proc, log)
         yield proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 @contextlib.contextmanager
@@ -217,21 +194,6 @@ def postgres(tmp: Path) -> Iterator[str]:
     finally:
         subprocess.run([*user, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w",
                         "stop"], capture_output=True)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (all its threads) so far, seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_pressure_us() -> float | None:
-    """Microseconds in which some runnable task waited for a CPU since boot (Linux PSI)."""
-    try:
-        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
-    except (OSError, IndexError):
-        return None
-    return float(line.rsplit("total=", 1)[1])
 
 
 def load_average() -> float:

@@ -55,8 +55,6 @@ import os
 import platform
 import random
 import resource
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -71,6 +69,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench.processes import cpu_pressure_us, cpu_seconds, free_port, stop  # noqa: E402
 from serving.loadgen.client import send_one  # noqa: E402
 from serving.loadgen.report import RequestResult  # noqa: E402
 from serving.loadgen.workload import PlannedRequest  # noqa: E402
@@ -223,12 +222,6 @@ def prefill_capacity(arrivals: list[Arrival], replicas: int, profile: Profile) -
 
 # --- processes ---------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 _FLEET = """
 import json, sys
 from serving.sim.profiles import Profile
@@ -333,33 +326,12 @@ def gateway_process(config: Path, url: str, replicas: int, log: Path
             time.sleep(0.2)
         yield proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc), seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        stop(proc)
 
 
 def own_cpu_seconds() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-
-
-def cpu_pressure_us() -> float | None:
-    """Microseconds in which some runnable thread waited for a CPU since boot (Linux PSI);
-    None where the kernel does not report it."""
-    try:
-        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
-    except (OSError, IndexError):
-        return None
-    return float(line.rsplit("total=", 1)[1])
 
 
 # --- one run -----------------------------------------------------------------------------------
