@@ -228,13 +228,16 @@ class Gateway:
         # vLLM refuses a non-zero priority unless it runs --scheduling-policy priority.
         self._priority = {p.name: p.vllm.scheduling_policy == "priority" for p in cfg.pools}
         self._cost_rate = {p.name: gpu_cost_per_second(cfg, p.name) for p in cfg.pools}
+        self._child = Children()  # the hot metrics' labelled children (labelled.py)
 
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Open the records database, poll the replicas once (then in the background), load
         the cache's embedding model."""
-        self.records.start()
+        # Opening may mean connecting to PostgreSQL and waiting on its migration lock: in a
+        # thread, so that nothing else on the loop (a lifespan running beside it) waits.
+        await asyncio.to_thread(self.records.start)
         await self.upstreams.start()
         if self.cache.enabled:
             await self.cache.warm_up()
@@ -243,7 +246,7 @@ class Gateway:
         """Stop polling, finish cache stores, write the last records."""
         await self.cache.aclose()
         await self.upstreams.aclose()
-        self.records.close()
+        await asyncio.to_thread(self.records.close)  # waits up to 10 s for the last writes
 
     def pool_of_model(self, model: str) -> str | None:
         """The pool serving ``model``, or None."""
