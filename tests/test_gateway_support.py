@@ -28,7 +28,9 @@ from helpers import free_port
 from collector.request_log import GatewayRecord, GatewayRecords
 from serving.gateway.app import create_app
 from serving.gateway.auth import key_sha256
+from serving.gateway.cli import server_choices
 from serving.gateway.pipeline import Gateway
+from serving.gateway.server_http import protocol
 from serving.sim.profiles import DEFAULT_MODEL
 from vigil.config import Config, parse_config
 
@@ -137,9 +139,11 @@ def running_gateway(cfg: Config, **kw: Any) -> Iterator[GatewayHandle]:
     """Serve ``create_app(cfg, **kw)`` on a free loopback port until the block ends."""
     port = free_port()
     app = create_app(cfg, **kw)
+    # The protocol ``vigil gateway`` serves with (server_http), so the tests cover it too.
     server = _Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                     access_log=False, lifespan="on",
-                                    timeout_graceful_shutdown=2))
+                                    timeout_graceful_shutdown=2,
+                                    http=protocol(server_choices()[1])))
     loops: list[asyncio.AbstractEventLoop] = []
     errors: list[BaseException] = []
 

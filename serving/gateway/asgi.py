@@ -38,10 +38,14 @@ CONTENT_SSE = b"text/event-stream; charset=utf-8"
 _SSE_TYPE = (b"content-type", CONTENT_SSE)
 
 
+#: Made once: ``json.dumps`` with options builds an encoder per call.
+_ENCODE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, indent=None,
+                           separators=(",", ":")).encode
+
+
 def json_bytes(obj: Any) -> bytes:
     """``obj`` as compact UTF-8 JSON, as ``JSONResponse`` renders it (NaN refused)."""
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, indent=None,
-                      separators=(",", ":")).encode("utf-8")
+    return _ENCODE(obj).encode("utf-8")
 
 
 def raw_headers(headers: Mapping[str, str]) -> RawHeaders:
@@ -53,9 +57,9 @@ async def send_body(send: Send, status: int, body: bytes, content_type: bytes | 
                     headers: RawHeaders) -> None:
     """A complete response: ``status``, ``headers`` and ``body`` (with its length; no
     ``content-type`` when ``content_type`` is None)."""
-    head = [(b"content-length", str(len(body)).encode()), *headers]
-    if content_type is not None:
-        head.insert(0, (b"content-type", content_type))
+    length = (b"content-length", b"%d" % len(body))
+    head = [length, *headers] if content_type is None else \
+        [(b"content-type", content_type), length, *headers]
     await send({"type": "http.response.start", "status": status, "headers": head})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 

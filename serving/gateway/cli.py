@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from serving.gateway.app import create_app
+    from serving.gateway.server_http import protocol
 
     cfg = load_config(args.config)
     if not cfg.discovery and not any(t.kind == "vllm" for t in cfg.targets):
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
                     timeout_graceful_shutdown=SHUTDOWN_GRACE, lifespan="on", loop=loop,
-                    http=http)
+                    http=protocol(http))
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 0

@@ -17,7 +17,6 @@ client's behalf.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -54,7 +53,7 @@ from serving.gateway.errors import (
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.policy import MaxTokens, apply_max_tokens
 from serving.gateway.proxy import Charge, Forwarder, OpenStream, UpstreamReply, error_message
-from serving.gateway.request import Incoming, parse_body, validate
+from serving.gateway.request import Incoming, parse_body, render_body, validate
 from serving.gateway.sse import StreamTally
 from serving.gateway.streaming import relay
 from serving.gateway.types import TIER_PRIORITY, Caller
@@ -228,7 +227,6 @@ class Gateway:
         # vLLM refuses a non-zero priority unless it runs --scheduling-policy priority.
         self._priority = {p.name: p.vllm.scheduling_policy == "priority" for p in cfg.pools}
         self._cost_rate = {p.name: gpu_cost_per_second(cfg, p.name) for p in cfg.pools}
-        self._child = Children()  # the hot metrics' labelled children (labelled.py)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -371,7 +369,7 @@ class Gateway:
             options = up.get("stream_options")
             up["stream_options"] = {**(options if isinstance(options, dict) else {}),
                                     "include_usage": True}
-        return json.dumps(up, separators=(",", ":"), ensure_ascii=False).encode()
+        return render_body(up)
 
     # --- the batch queue --------------------------------------------------------------------
 

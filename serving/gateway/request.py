@@ -15,7 +15,7 @@ from typing import Any
 from serving.gateway.errors import BadRequest
 from vigil.conventions import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, ENDPOINT_EMBEDDINGS
 
-__all__ = ["Incoming", "parse_body", "validate"]
+__all__ = ["Incoming", "parse_body", "render_body", "validate"]
 
 
 @dataclass(slots=True)
@@ -35,12 +35,19 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+#: ``json.loads(raw, parse_constant=...)`` builds a decoder per call (a microsecond of the hot
+#: path): one, made once, decodes what ``json.loads`` would (bytes in UTF-8, -16 or -32).
+_DECODE = json.JSONDecoder(parse_constant=_no_constant).decode
+#: The upstream body's rendering: compact, UTF-8 (made once for the same reason).
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
     """``raw`` as a JSON object; ``BadRequest`` (400) for anything else."""
     if not raw.strip():
         raise BadRequest("The request body is empty; send a JSON object.", code="invalid_json")
     try:
-        data = json.loads(raw, parse_constant=_no_constant)
+        data = _DECODE(raw.decode(json.detect_encoding(raw), "surrogatepass"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"We could not parse the JSON body of your request ({exc}).",
                          code="invalid_json") from None
@@ -50,6 +57,11 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         raise BadRequest(f"The request body must be a JSON object, not "
                          f"{_json_type(data)}.", code="invalid_json")
     return data
+
+
+def render_body(body: dict[str, Any]) -> bytes:
+    """``body`` as the compact UTF-8 JSON sent upstream."""
+    return _ENCODE(body).encode()
 
 
 def _json_type(value: Any) -> str:

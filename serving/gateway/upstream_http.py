@@ -239,10 +239,12 @@ class Response:
         self.status = status
         self.headers = headers
         self.keep_alive = keep_alive
-        names = {k for k, _ in headers}
-        chunked = any(k == b"transfer-encoding" and b"chunked" in v.lower() for k, v in headers)
-        self.until_close = not chunked and b"content-length" not in names and \
-            status not in (204, 304)
+        framed = False  # a length or chunks say where the body ends (one pass: per request)
+        for k, v in headers:
+            if k == b"content-length" or (k == b"transfer-encoding" and b"chunked" in v.lower()):
+                framed = True
+                break
+        self.until_close = not framed and status not in (204, 304)
         self._has_head = True
         self._wake()
 
