@@ -1,12 +1,17 @@
 """Prefix-aware routing: a prompt goes where its prefix was sent, within the load bound, the
-KV limit and the pool's TTFT SLO; traffic sharing no prefix is routed as least outstanding;
-a replica that restarts (or comes back from down) has no affinity left."""
+KV limit and the pool's TTFT SLO (else where its first token comes soonest); traffic sharing no
+prefix is routed by least outstanding, ties placed by rendezvous; a replica that restarts (or
+comes back from down) has no affinity left."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from test_gateway_support import (
+    BATCH,
     MODEL,
     OTHER,
     STANDARD,
@@ -25,15 +31,34 @@ from test_gateway_support import (
     wait_until,
 )
 
-from serving.gateway.prefix import CHUNK_CHARS, CHUNK_TOKENS, MAX_PREFIX_CHARS, prompt_key
+from collector.exposition import normalise_vllm_names, parse
+from serving.gateway.auth import key_sha256
+from serving.gateway.batch import BatchRequest
+from serving.gateway.prefix import (
+    CHARS_PER_TOKEN,
+    CHUNK_CHARS,
+    CHUNK_TOKENS,
+    MAX_PREFIX_CHARS,
+    PromptKey,
+    prompt_key,
+)
+from serving.gateway.proxy import _FirstRead
 from serving.gateway.routing import (
     DEFAULT_PREFILL_TOKENS_PER_S,
     LOAD_RATIO,
     LOAD_SLACK,
+    MIN_MATCH_TOKENS,
+    RATE_STEP,
+    UNARY_PREFILL_FACTOR,
+    UNARY_PREFILL_MAX_S,
     ReplicaRouting,
     Sent,
     load_bound,
+    rendezvous,
+    uncached_tokens,
 )
+from serving.gateway.types import Caller
+from serving.gateway.upstreams import Replica, Upstreams
 from serving.sim.testing import running_fleet, sample_values, total
 from vigil.config import Config, SloConfig
 
@@ -139,6 +164,47 @@ def test_completions_text_ids_and_hash_cap() -> None:
     assert huge.tokens == MAX_PREFIX_CHARS  # the whole prompt counts, only its head is hashed
 
 
+def test_chunks_are_characters_so_a_full_match_leaves_the_tail_uncached() -> None:
+    # 3,000 Chinese characters are 9,000 UTF-8 bytes: chunks of bytes would claim 35 chunks
+    # (2,240 tokens) of a prompt estimated at 750 tokens, leaving nothing to prefill.
+    key = prompt_key("completions", {"prompt": "你好世界" * 750})
+    assert key is not None and len(key.hashes) == 3000 // CHUNK_CHARS
+    assert key.tokens == 3000 // CHARS_PER_TOKEN
+    assert uncached_tokens(key, len(key.hashes)) == key.tokens - 11 * CHUNK_TOKENS > 0
+    # Past the hash cap the unhashed tail stays to prefill even when every hash matches.
+    huge = prompt_key("completions", {"prompt": "z" * (4 * MAX_PREFIX_CHARS)})
+    assert huge is not None
+    assert uncached_tokens(huge, len(huge.hashes)) == 3 * MAX_PREFIX_CHARS // CHARS_PER_TOKEN
+
+
+def test_models_and_tools_never_share_chunks() -> None:
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"id": {"type": "string"}}}}}
+    same_tool = json.loads(json.dumps(tool, sort_keys=True))  # other key order, same tool
+    base = prompt_key("chat", _chat(SYSTEM_A, "q"))
+    lora = prompt_key("chat", {**_chat(SYSTEM_A, "q"), "model": "acme-lora"})
+    tools = prompt_key("chat", _chat(SYSTEM_A, "q", tools=[tool]))
+    tools_again = prompt_key("chat", _chat(SYSTEM_A, "q2", tools=[same_tool]))
+    ids = prompt_key("completions", {"model": MODEL, "prompt": list(range(2 * CHUNK_TOKENS))})
+    ids_lora = prompt_key("completions", {"model": "acme-lora",
+                                          "prompt": list(range(2 * CHUNK_TOKENS))})
+    assert base and lora and tools and tools_again and ids and ids_lora
+    for a, b in [(base, lora), (base, tools), (lora, tools), (ids, ids_lora)]:
+        assert not set(a.hashes) & set(b.hashes) and a.anchor != b.anchor
+    assert tools.hashes[:10] == tools_again.hashes[:10] and tools.anchor == tools_again.anchor
+
+
+def test_the_anchor_is_the_same_in_every_process() -> None:
+    body = _chat(SYSTEM_A, "q")
+    script = ("import json, sys; from serving.gateway.prefix import prompt_key; "
+              "print(prompt_key('chat', json.loads(sys.argv[1])).anchor)")
+    seen = {subprocess.run([sys.executable, "-c", script, json.dumps(body)], check=True,
+                           capture_output=True, text=True, env={**os.environ,
+                           "PYTHONHASHSEED": seed}).stdout.strip() for seed in ("1", "2")}
+    key = prompt_key("chat", body)
+    assert key is not None and seen == {str(key.anchor)}
+
+
 def test_lru_keeps_the_head_of_a_prompt_longest() -> None:
     state = ReplicaRouting(capacity_tokens=3 * CHUNK_TOKENS)
     state.record((1, 2, 3, 4, 5))
@@ -164,6 +230,186 @@ def test_first_token_teaches_the_prefill_rate() -> None:
     assert state.pending_tokens == 1000 and state.prefill_rate == pytest.approx(8000)
     sent.settle()  # only once
     assert state.pending_tokens == 1000
+
+
+def test_one_early_first_byte_moves_the_rate_one_step_only() -> None:
+    state = ReplicaRouting()
+    state.learn(640, 0.01)  # 64,000 tokens/s from one sample
+    assert state.prefill_rate == pytest.approx(DEFAULT_PREFILL_TOKENS_PER_S * RATE_STEP)
+    state.prefill_rate = 5000.0
+    state.learn(640, 0.01)
+    assert state.prefill_rate == pytest.approx(5000 + 0.2 * (20_000 - 5000))
+    state.prefill_rate = 5000.0
+    state.learn(10_000, 100.0)  # 100 tokens/s: a stalled replica, clamped as well
+    assert state.prefill_rate == pytest.approx(5000 + 0.2 * (1250 - 5000))
+
+
+class _Body:
+    """A response whose body reads are ``chunks``."""
+
+    def __init__(self, *chunks: bytes) -> None:
+        self._chunks = list(chunks)
+
+    async def read(self) -> bytes:
+        return self._chunks.pop(0) if self._chunks else b""
+
+
+@pytest.mark.parametrize("event", [
+    b'data: {"error": {"message": "prompt too long", "code": 400}}\n\n',
+    b'data: {"object":"error","message":"boom","type":"BadRequestError"}\n\n'])
+def test_an_error_event_first_teaches_nothing(event: bytes) -> None:
+    state = ReplicaRouting()
+    now = [0.0]
+    sent = Sent(state, 1000, 0, lambda: now[0], 0.0)
+    state.pending_tokens = 1000
+    now[0] = 0.01
+    assert asyncio.run(_FirstRead(_Body(event), sent).read()) == event  # type: ignore[arg-type]
+    assert state.prefill_rate is None and state.pending_tokens == 0 and not sent.waiting
+    token = b'data: {"id":"x","choices":[{"delta":{"content":"\\"error\\": no"}}]}\n\n'
+    sent = Sent(state, 1000, 0, lambda: now[0], 0.0)
+    asyncio.run(_FirstRead(_Body(token), sent).read())  # type: ignore[arg-type]
+    assert state.prefill_rate is not None
+
+
+def test_unary_prefill_settles_after_its_estimated_time() -> None:
+    state = ReplicaRouting()
+    state.pending_tokens = 3000
+    sent = Sent(state, 2000, 1000, lambda: 0.0, 0.0)
+    timers: list[tuple[float, Any]] = []
+
+    class Handle:
+        cancelled = False
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    handle = Handle()
+
+    def call_later(delay: float, fn: Any) -> Handle:
+        timers.append((delay, fn))
+        return handle
+
+    sent.settle_after(call_later)
+    [(delay, fn)] = timers
+    assert delay == pytest.approx(UNARY_PREFILL_FACTOR * 3000 / DEFAULT_PREFILL_TOKENS_PER_S)
+    fn()
+    assert state.pending_tokens == 1000 and not sent.waiting
+    sent.settle()  # the answer's end: nothing twice
+    assert state.pending_tokens == 1000
+    long = Sent(state, 10**9, 0, lambda: 0.0, 0.0)
+    assert long.prefill_estimate_s() == UNARY_PREFILL_MAX_S
+    early = Sent(state, 10, 0, lambda: 0.0, 0.0)
+    early.settle_after(call_later)
+    early.settle()  # answered before the timer: the timer goes
+    assert handle.cancelled
+
+
+def test_a_failed_request_takes_back_only_the_chunks_it_added() -> None:
+    state = ReplicaRouting()
+    state.record((1, 2))
+    added = state.record((1, 2, 3, 4))
+    assert set(added) == {3, 4}
+    sent = Sent(state, 128, 0, lambda: 0.0, 0.0, added)
+    state.pending_tokens = 128
+    sent.fail()
+    assert state.matched((1, 2, 3, 4)) == 2 and state.pending_tokens == 0
+
+
+# --- choosing among replicas (Upstreams.pick, no traffic) ------------------------------------
+
+@contextlib.contextmanager
+def _pool(tmp_path: Path, n: int, slo_ttft_s: float | None = None
+          ) -> Iterator[tuple[Upstreams, list[Replica]]]:
+    """``n`` healthy replicas that are never polled (nothing listens on their addresses)."""
+    cfg = gateway_config(tmp_path, [f"http://127.0.0.1:{9 + i}" for i in range(n)])
+    if slo_ttft_s is not None:
+        cfg = _with_ttft_slo(cfg, slo_ttft_s)
+    up = Upstreams(cfg)
+    replicas = up.pools["chat"]
+    for r in replicas:
+        r.healthy = True
+    try:
+        yield up, replicas
+    finally:
+        asyncio.run(up.aclose())
+
+
+def _key(text: str) -> PromptKey:
+    key = prompt_key("completions", {"model": MODEL, "prompt": text})
+    assert key is not None
+    return key
+
+
+def test_slo_miss_goes_where_the_first_token_comes_soonest(tmp_path: Path) -> None:
+    rate = DEFAULT_PREFILL_TOKENS_PER_S
+    prompt = _key("p" * (CHUNK_CHARS * 40))  # 2,560 tokens, all of them cached on home
+    with _pool(tmp_path, 3, slo_ttft_s=1.0) as (up, (home, idle, busy)):
+        home.routing.record(prompt.hashes)
+        home.routing.pending_tokens = int(1.2 * rate)  # 1.2 s waiting: past the SLO
+        # The replica with fewest in flight has prefill queued too: without the prefix it
+        # would be slower still, so the tenant stays home.
+        idle.routing.pending_tokens = int(0.8 * rate)  # 1.31 s with the whole prompt
+        busy.ledger.in_flight = home.ledger.in_flight = 1
+        busy.routing.pending_tokens = int(0.9 * rate)
+        assert up.pick("chat", prompt=prompt) is home
+        # Nothing waiting on the busier one: 2,560 tokens there (0.5 s) is soonest, not the
+        # least loaded replica's 1.31 s.
+        busy.routing.pending_tokens = 0
+        assert up.pick("chat", prompt=prompt) is busy
+        assert busy.routing.load_routed == 1 and home.routing.prefix_routed == 1
+
+
+def test_a_short_shared_preamble_does_not_pull_the_prompt(tmp_path: Path) -> None:
+    preamble = "Acme Corp. confidential. " * 50  # 1,250 characters: 4 chunks, 256 tokens
+    with _pool(tmp_path, 2) as (up, (holder, other)):
+        holder.routing.record(_key(preamble + "x" * 1000).hashes)
+        holder.ledger.in_flight = 1
+        long_prompt = _key(preamble + "y" * 12_000)  # 3,313 tokens: 256 is under 30 %
+        assert holder.routing.matched(long_prompt.hashes) * CHUNK_TOKENS >= MIN_MATCH_TOKENS
+        assert up.pick("chat", prompt=long_prompt) is other
+        short_prompt = _key(preamble + "y" * 1000)  # 563 tokens: the preamble is 45 %
+        assert up.pick("chat", prompt=short_prompt) is holder
+
+
+def test_new_prompts_are_placed_by_rendezvous_among_the_least_loaded(tmp_path: Path) -> None:
+    prompts = [_key(f"tenant {i} " + SYSTEM_B) for i in range(24)]
+    with _pool(tmp_path, 3) as (up, replicas), _pool(tmp_path / "b", 3) as (up2, _):
+        names = [r.name for r in replicas]
+        chosen = [up.pick("chat", prompt=p) for p in prompts]
+        again = [up2.pick("chat", prompt=p) for p in prompts]  # another gateway instance
+        expected = [max(names, key=lambda n, p=p: rendezvous(p.anchor, n)) for p in prompts]
+        assert [r.name for r in chosen if r] == expected == [r.name for r in again if r]
+        assert len(set(expected)) == 3
+        # Fewest in flight comes first: the rendezvous choice busy, the next best one.
+        first = next(r for r in replicas if r.name == expected[0])
+        first.ledger.in_flight = 1
+        second = max((n for n in names if n != first.name),
+                     key=lambda n: rendezvous(prompts[0].anchor, n))
+        picked = up.pick("chat", prompt=prompts[0])
+        assert picked is not None and picked.name == second
+        # Equal in flight, prefill waiting on the next best one too: the third.
+        first.ledger.in_flight = 0
+        for r in replicas:
+            r.routing.pending_tokens = 0 if r.name not in (first.name, second) else 3000
+        picked = up.pick("chat", prompt=prompts[0])
+        assert picked is not None and picked.name not in (first.name, second)
+
+
+def test_a_missing_restart_sign_keeps_the_last_one(tmp_path: Path) -> None:
+    def families(queries: float | None) -> Any:
+        text = "# TYPE vllm:prefix_cache_queries counter\n"
+        if queries is not None:
+            text += f'vllm:prefix_cache_queries_total{{engine="0"}} {queries}\n'
+        return normalise_vllm_names(parse(text.encode(), content_type="text/plain",
+                                          source="r"))
+
+    with _pool(tmp_path, 1) as (up, (r,)):
+        up._cache_facts(r, families(100.0))
+        r.routing.record((1, 2))
+        up._cache_facts(r, families(None))  # one poll without the counter
+        assert r.routing.counter == 100.0 and r.routing.chunks == 2
+        up._cache_facts(r, families(5.0))  # it went back: a restart
+        assert r.routing.chunks == 0
 
 
 # --- routing through the gateway -------------------------------------------------------------
@@ -233,22 +479,57 @@ def test_predicted_ttft_over_the_slo_moves_the_tenant(tmp_path: Path) -> None:
         assert replica.routing.pending_tokens == 0
 
 
-def _placements(tmp_path: Path, routing: str) -> list[str]:
-    """Where a fixed mix of prompts that share no prefix lands, with every request held."""
+def test_unary_prefill_stops_counting_before_its_answer(tmp_path: Path) -> None:
+    with _replicas(tmp_path, 1) as (gw, ups):
+        ups[0].mode = "hang"
+        replica = gw.gateway.upstreams.replicas()[0]
+        with _holding(gw) as hold:
+            hold(_chat(SYSTEM_A, "a non-streaming question"))  # ~1,000 tokens: 0.3 s
+            assert replica.routing.pending_tokens > 900
+            wait_until(lambda: replica.routing.pending_tokens == 0, timeout=3.0,
+                       what="the estimated prefill time to pass")
+            assert replica.outstanding == 1
+
+
+def test_refused_request_leaves_no_chunks_behind(tmp_path: Path) -> None:
+    with _replicas(tmp_path, 1) as (gw, ups):
+        ups[0].mode = "error_500"
+        replica = gw.gateway.upstreams.replicas()[0]
+        with gw.http() as c:
+            assert c.post(CHAT, json=_chat(SYSTEM_A, "q")).status_code >= 500
+        assert replica.routing.chunks == 0 and replica.routing.pending_tokens == 0
+        ups[0].mode = "ok"
+        _post(gw, _chat(SYSTEM_A, "q"))
+        assert replica.routing.chunks > 0
+
+
+def test_batch_requests_route_by_prefix(tmp_path: Path) -> None:
+    with _replicas(tmp_path, 3) as (gw, _):
+        home = _post(gw, _chat(SYSTEM_A, "first"))
+        caller = Caller(tenant="nightly", tier="batch", key_id=key_sha256(BATCH)[:12])
+        for i in range(3):
+            item = BatchRequest(batch_id="batch_x", custom_id=f"c{i}", pool="chat",
+                                endpoint="chat", caller=caller, body=_chat(SYSTEM_A, f"b{i}"))
+            status, _ = gw.call(lambda item=item: gw.gateway.send_batch(item))
+            assert status == 200
+        replica = next(r for r in gw.gateway.upstreams.replicas() if r.name == home)
+        assert replica.routing.prefix_routed == 3
+
+
+def test_no_shared_prefix_routes_by_least_outstanding(tmp_path: Path) -> None:
+    # Distinct prompts, shorter and longer than a chunk, every one held: each goes to a
+    # replica with the fewest in flight, so they spread evenly.
     prompts = [_chat(f"{i} " + (SYSTEM_A if i % 2 else SYSTEM_B), "x") if i % 3
                else _chat("short", f"s{i}") for i in range(10)]
-    with _replicas(tmp_path / routing, 3, routing=routing) as (gw, ups):
+    with _replicas(tmp_path, 3) as (gw, ups):
         for u in ups:
             u.mode = "hang_after_first"
         with _holding(gw) as hold:
-            return [hold(p) for p in prompts]
-
-
-def test_no_shared_prefix_routes_exactly_as_least_outstanding(tmp_path: Path) -> None:
-    # Distinct prompts, shorter and longer than a chunk: the same replica for every one.
-    lo = _placements(tmp_path, "least_outstanding")
-    assert _placements(tmp_path, "prefix_aware") == lo
-    assert len(set(lo)) == 3
+            for p in prompts:
+                before = _outstanding(gw)
+                assert before[hold(p)] == min(before.values())
+            counts = sorted(_outstanding(gw).values())
+        assert counts == [3, 3, 4]
 
 
 def test_least_outstanding_ignores_prefixes(tmp_path: Path) -> None:

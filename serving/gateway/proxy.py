@@ -20,13 +20,19 @@ With prefix-aware routing (``routing``) a request's prompt (``prefix.PromptKey``
 ``Forwarder.prompt_of``) goes with it: ``pick`` routes by it, the replica is told what it was
 sent (``Upstreams.sent``), and its prefill counts as waiting there until its first token, for
 a stream the first body bytes from the replica (vLLM sends its first event once the prompt is
-prefilled; that TTFT teaches the replica's prefill rate), else the end of the answer.
+prefilled; that TTFT teaches the replica's prefill rate, unless the event is an error), for a
+non-streaming request until its estimated prefill time has passed (``Sent.settle_after``) or
+its answer came, if sooner. A request that never ran there (no connection, a transport error
+or cancellation before the answer's head, an error status) takes back the chunks it added to
+the replica's memory (``Sent.fail``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +58,9 @@ MAX_UPSTREAM_BYTES = 64 * 1024 * 1024
 #: Seconds a finished stream's connection waits for the end of the replica's body before it is
 #: closed instead of kept.
 _TAIL_GRACE_S = 5.0
+#: A stream's first event that is an error (vLLM's ``{"error": ...}``, or the older
+#: ``{"object": "error", ...}``): its timing says nothing of prefill.
+_ERROR_EVENT = re.compile(rb'^\s*data:\s*\{\s*("error"|"object"\s*:\s*"error")')
 
 
 @dataclass(slots=True)
@@ -69,6 +78,11 @@ class Charge:
         """The exchange is over: its prefill waits no more (if it still did)."""
         if self.sent is not None:
             self.sent.settle()
+
+    def fail(self) -> None:
+        """The request never ran on its replica (``Sent.fail``)."""
+        if self.sent is not None:
+            self.sent.fail()
 
 
 @dataclass(slots=True)
@@ -110,19 +124,23 @@ class OpenStream:
 
 
 class _FirstRead:
-    """A stream's response that calls ``on_first`` once its first body bytes are read, then
-    gets out of the way: after the first ``read`` the instance's own ``read`` is the
-    response's, so the relay's later reads cost nothing extra."""
+    """A stream's response that tells its ``Sent`` once its first body bytes are read (its
+    first token, or, for an error event, only its end), then gets out of the way: after the
+    first ``read`` the instance's own ``read`` is the response's, so the relay's later reads
+    cost nothing extra."""
 
-    def __init__(self, response: Response, on_first: Callable[[], None]) -> None:
+    def __init__(self, response: Response, sent: Sent) -> None:
         self.response = response
-        self._on_first = on_first
+        self._sent = sent
 
     async def read(self) -> bytes:
         data = await self.response.read()
         self.read = self.response.read  # type: ignore[method-assign]
         if data:
-            self._on_first()
+            if _ERROR_EVENT.match(data):
+                self._sent.settle()
+            else:
+                self._sent.first_token()
         return data
 
     def __getattr__(self, name: str) -> Any:
@@ -164,10 +182,11 @@ class Forwarder:
         return failure(replica.name, exc, self._read_timeout)
 
     async def _send(self, pool: str, path: str, payload: bytes, *, premium: bool,
-                    charge: Charge, prompt: PromptKey | None
+                    charge: Charge, prompt: PromptKey | None, stream: bool
                     ) -> tuple[Replica, Response, float]:
         """Send on the routed replica, or on another one if it cannot be reached; the replica,
-        the response with its body unread, and the ledger mark (left by the caller)."""
+        the response with its body unread, and the ledger mark (left by the caller).
+        ``stream``: the first token will be seen (else its prefill settles on a timer)."""
         exclude: Replica | None = None
         for attempt in (1, 2):
             replica = self._up.pick(pool, beyond_kv_limit=premium, exclude=exclude,
@@ -180,24 +199,26 @@ class Forwarder:
             charge.replica = replica
             if prompt is not None:
                 charge.sent = self._up.sent(replica, prompt)
+                if not stream:
+                    charge.sent.settle_after(asyncio.get_running_loop().call_later)
             mark = replica.ledger.enter()
             try:
                 # Cancelled before the answer's head, the connection is closed (post's own).
                 response = await connections.post(path, payload)
                 return replica, response, mark
             except ConnectFailed as exc:
-                charge.settle()
+                charge.fail()
                 replica.ledger.leave(mark)  # nothing ran there: nothing to charge
                 replica.mark_down(f"connect failed: {describe(exc)}")
                 if attempt == 2:
                     raise UpstreamFailure(replica.name, describe(exc)) from None
                 exclude = replica
             except UpstreamError as exc:
-                charge.settle()
+                charge.fail()
                 charge.share_s += replica.ledger.leave(mark)
                 raise self._failure(replica, exc) from None
             except BaseException:
-                charge.settle()
+                charge.fail()
                 charge.share_s += replica.ledger.leave(mark)  # cancelled: charged all the same
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
@@ -206,6 +227,8 @@ class Forwarder:
                         charge: Charge) -> UpstreamReply:
         """Read the rest of ``response``, close it (an unfinished one closes its connection,
         cancelled included), leave the ledger, classify."""
+        if response.status != 200:
+            charge.fail()  # refused: nothing of it is cached there
         try:
             content = await response.read_all(MAX_UPSTREAM_BYTES)
         except UpstreamError as exc:
@@ -221,7 +244,7 @@ class Forwarder:
         """POST ``payload`` to ``path`` on a replica of ``pool``; the complete answer.
         ``prompt``: what prefix-aware routing routes by (``prompt_of``)."""
         replica, response, mark = await self._send(pool, path, payload, premium=premium,
-                                                   charge=charge, prompt=prompt)
+                                                   charge=charge, prompt=prompt, stream=False)
         return await self._complete(replica, response, mark, charge)
 
     async def open(self, pool: str, path: str, payload: bytes, *, premium: bool = False,
@@ -231,12 +254,12 @@ class Forwarder:
         answer (an error, or garbage raised as ``UpstreamFailure``). ``prompt`` as for
         ``unary``."""
         replica, response, mark = await self._send(pool, path, payload, premium=premium,
-                                                   charge=charge, prompt=prompt)
+                                                   charge=charge, prompt=prompt, stream=True)
         if response.status == 200 and (response.header(b"content-type") or "").startswith(
                 "text/event-stream"):
             sent = charge.sent
             if sent is not None and sent.waiting:
-                first = _FirstRead(response, sent.first_token)
+                first = _FirstRead(response, sent)
                 return OpenStream(replica, first, mark, charge)  # type: ignore[arg-type]
             return OpenStream(replica, response, mark, charge)
         return await self._complete(replica, response, mark, charge)

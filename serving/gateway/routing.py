@@ -3,23 +3,30 @@
 ``[gateway] routing = "prefix_aware"`` (the default). For each replica the gateway remembers the
 prompt chunks (``prefix.PromptKey``) it sent there recently, in an LRU as large as the
 replica's KV cache (``vllm:cache_config_info``: ``num_gpu_blocks`` x ``block_size`` tokens,
-else ``DEFAULT_KV_TOKENS``). A request goes to the replica holding the longest prefix of its
-chunks, among the replicas that can take it (healthy, KV usage at most ``max_kv_usage``) and
+else ``DEFAULT_KV_TOKENS``). The candidates are the replicas that can take the
+request (healthy, KV usage at most ``max_kv_usage``) whose load stays within a bound: requests
+in flight at most the least loaded replica's plus ``max(LOAD_SLACK, LOAD_RATIO x the mean)``
+(a cache hit saves prefill, not decode: a replica far busier than the others would make every
+token of the request slower than the prefill it saves). A replica holds the prompt when it
+holds a run of its leading chunks worth at least ``max(MIN_MATCH_TOKENS, MIN_MATCH_RATIO x
+the prompt)`` tokens (a shorter match saves too little to outweigh load: a company's short
+boilerplate would pull every tenant to one replica). Then:
 
-* whose load stays within a bound: requests in flight at most the least loaded replica's plus
-  ``max(LOAD_SLACK, LOAD_RATIO x the mean)`` (a cache hit saves prefill, not decode: a replica
-  far busier than the others would make every token of the request slower than the prefill
-  it saves), and
-* whose predicted time to first token stays under the pool's TTFT SLO threshold, when the
-  pool has a TTFT SLO: (uncached prompt tokens + tokens of the requests still waiting for
-  their first token there) / the replica's prefill rate, learned from the TTFT of its
-  streaming requests (``DEFAULT_PREFILL_TOKENS_PER_S`` before any).
+* no candidate holds it: the fewest requests in flight, then the least prefill waiting, then
+  rendezvous hashing of the prompt's ``anchor`` with the replicas' names (``rendezvous``), so
+  a new tenant's first requests land on the same replica from every gateway instance when the
+  replicas are equally idle, and not on one by the rotation's chance; traffic that shares no
+  prefix is still routed by least outstanding;
+* else the one holding the longest run (ties: fewer in flight), when the pool has no TTFT SLO
+  or its predicted time to first token meets the SLO threshold: (uncached prompt tokens +
+  tokens still waiting for a first token there) / the replica's prefill rate, learned from
+  the TTFT of its streaming requests (``DEFAULT_PREFILL_TOKENS_PER_S`` before any);
+* else the candidate with the smallest predicted TTFT (ties: fewer in flight), the holder's
+  included: a replica without the prefix must prefill all of it, which may well be slower.
 
-No replica holding any of the prompt, or several holding as much: the fewest requests in
-flight, with the same rotation as ``least_outstanding``, so traffic that shares no prefix is
-routed exactly as ``least_outstanding`` routes it. A replica that leaves or restarts
-(``process_start_time_seconds`` changed or ``vllm:prefix_cache_queries_total`` went back; or
-back from down when it exports neither) starts with an empty LRU: its cache is empty.
+A replica that leaves or restarts (``process_start_time_seconds`` changed or
+``vllm:prefix_cache_queries_total`` went back; or back from down when it exports neither)
+starts with an empty LRU: its cache is empty.
 
 This module holds the per-replica state and the arithmetic; ``upstreams.Upstreams.pick`` runs
 the choice, ``proxy.Forwarder`` records what it sent and when the first token came.
@@ -27,9 +34,11 @@ the choice, ``proxy.Forwarder`` records what it sent and when the first token ca
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from serving.gateway.prefix import CHUNK_TOKENS, PromptKey
 from slo.spec import effective_slos
@@ -42,13 +51,20 @@ __all__ = [
     "LOAD_RATIO",
     "LOAD_SLACK",
     "MIN_LEARN_TOKENS",
+    "MIN_MATCH_RATIO",
+    "MIN_MATCH_TOKENS",
     "PREFILL_EWMA_ALPHA",
+    "RATE_STEP",
+    "UNARY_PREFILL_FACTOR",
+    "UNARY_PREFILL_MAX_S",
     "ReplicaRouting",
     "Sent",
     "load_bound",
+    "rendezvous",
     "threshold_for",
     "ttft_thresholds",
     "uncached_tokens",
+    "useful_match",
 ]
 
 #: KV-cache capacity assumed for a replica whose /metrics has no ``vllm:cache_config_info``
@@ -64,6 +80,20 @@ PREFILL_EWMA_ALPHA = 0.2
 #: A TTFT observation teaches the prefill rate only when the prefill work it waited for was at
 #: least this many tokens: below, network and scheduling overheads, not prefill, make its TTFT.
 MIN_LEARN_TOKENS = 256
+#: One TTFT observation moves the learned rate by at most this factor either way: a first
+#: byte that came early for another reason (a proxy's buffering, an error cut short) must not
+#: turn 5,000 tokens/s into 64,000 in one step.
+RATE_STEP = 4.0
+#: A match counts only when it saves at least ``max(MIN_MATCH_TOKENS, MIN_MATCH_RATIO x the
+#: prompt's tokens)`` of prefill (SGLang's cache-aware router has a similar match-ratio
+#: threshold): a few shared chunks of boilerplate are not worth a busier replica.
+MIN_MATCH_TOKENS = 256
+MIN_MATCH_RATIO = 0.3
+#: A non-streaming request's prefill counts as waiting for ``UNARY_PREFILL_FACTOR`` x its
+#: predicted prefill time, at most ``UNARY_PREFILL_MAX_S`` seconds: its first token is not
+#: seen, and counting it until the whole answer would inflate every prediction behind it.
+UNARY_PREFILL_FACTOR = 1.5
+UNARY_PREFILL_MAX_S = 60.0
 #: The load bound: a replica may have at most ``min + max(LOAD_SLACK, LOAD_RATIO x mean)``
 #: requests in flight to be chosen for its cache. The slack lets a tenant's bursts stay on
 #: one replica at low load (a few requests more cost little on a batch of dozens); the ratio
@@ -78,6 +108,21 @@ def load_bound(outstanding: list[int]) -> float:
     """The most requests in flight a replica may have to be chosen for its cache, given the
     in-flight counts of the replicas that can take the request."""
     return min(outstanding) + max(LOAD_SLACK, LOAD_RATIO * sum(outstanding) / len(outstanding))
+
+
+def rendezvous(anchor: int, name: str) -> int:
+    """The weight of replica ``name`` for a prompt of ``anchor`` (``PromptKey.anchor``): the
+    highest weight among tied replicas wins. blake2b, so every gateway process agrees."""
+    digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8,
+                             key=anchor.to_bytes(8, "big")).digest()
+    return int.from_bytes(digest, "big")
+
+
+def useful_match(prompt: PromptKey, matched: int) -> int:
+    """``matched`` leading chunks of ``prompt`` when they save enough prefill to count
+    (``MIN_MATCH_TOKENS``, ``MIN_MATCH_RATIO``), else 0."""
+    saved = matched * CHUNK_TOKENS
+    return matched if saved >= max(MIN_MATCH_TOKENS, MIN_MATCH_RATIO * prompt.tokens) else 0
 
 
 def ttft_thresholds(cfg: Config) -> dict[tuple[str, str], float]:
@@ -148,15 +193,26 @@ class ReplicaRouting:
             n += 1
         return n
 
-    def record(self, hashes: tuple[int, ...]) -> None:
+    def record(self, hashes: tuple[int, ...]) -> tuple[int, ...]:
         """The chunks ``hashes`` were sent here: they are the most recent now, the first one
         most of all (vLLM frees a request's blocks tail first, so a prefix outlives its
-        continuations, and so does its memory here)."""
+        continuations, and so does its memory here). Returns the ones not remembered before."""
         lru = self._lru
+        added: list[int] = []
         for h in reversed(hashes):
-            lru[h] = None
-            lru.move_to_end(h)
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+                added.append(h)
         self._trim()
+        return tuple(added)
+
+    def unrecord(self, hashes: tuple[int, ...]) -> None:
+        """The chunks ``hashes`` never reached the replica's cache after all."""
+        lru = self._lru
+        for h in hashes:
+            lru.pop(h, None)
 
     def _trim(self) -> None:
         lru, cap = self._lru, self.capacity_chunks
@@ -183,7 +239,8 @@ class ReplicaRouting:
         its first token after ``ttft_s`` seconds."""
         if work_tokens < MIN_LEARN_TOKENS or ttft_s <= 0:
             return
-        sample = work_tokens / ttft_s
+        now = self.rate
+        sample = min(max(work_tokens / ttft_s, now / RATE_STEP), now * RATE_STEP)
         rate = self.prefill_rate
         self.prefill_rate = sample if rate is None else \
             rate + PREFILL_EWMA_ALPHA * (sample - rate)
@@ -206,7 +263,9 @@ def uncached_tokens(prompt: PromptKey, matched: int) -> int:
 @dataclass(slots=True)
 class Sent:
     """One request sent with prefix-aware routing: its prefill work on its replica, until
-    its first token (``Upstreams.first_token``) or its end (``Upstreams.finished``)."""
+    its first token (``first_token``), its estimated end (``settle_after``, for a request
+    whose first token is not seen) or its end (``settle``); and the chunks it added to the
+    replica's memory, taken back if it never ran there (``fail``)."""
 
     routing: ReplicaRouting
     #: Uncached prompt tokens it brought, and prefill tokens waiting there when it was sent.
@@ -215,7 +274,11 @@ class Sent:
     #: The monotonic clock (seconds) and its reading when it was sent.
     clock: Callable[[], float]
     sent_at: float
+    #: Chunk hashes that were new to the replica's memory when it was sent.
+    added: tuple[int, ...] = ()
     waiting: bool = True
+    #: The pending ``settle_after`` call (an ``asyncio.TimerHandle``), if any.
+    timer: Any = None
 
     def first_token(self) -> None:
         """Its first token came now: its prefill is over, and its TTFT teaches the rate."""
@@ -223,9 +286,34 @@ class Sent:
             self.settle()
             self.routing.learn(self.tokens + self.ahead, self.clock() - self.sent_at)
 
+    def prefill_estimate_s(self) -> float:
+        """Seconds its prefill is assumed to wait when its first token is not seen:
+        ``UNARY_PREFILL_FACTOR`` x (its work + the work ahead) / the rate, at most
+        ``UNARY_PREFILL_MAX_S``."""
+        return min(UNARY_PREFILL_MAX_S,
+                   UNARY_PREFILL_FACTOR * (self.tokens + self.ahead) / self.routing.rate)
+
+    def settle_after(self, call_later: Callable[[float, Callable[[], None]], Any]) -> None:
+        """Settle after ``prefill_estimate_s`` (``call_later``: the event loop's), unless
+        settled before."""
+        if self.waiting:
+            self.timer = call_later(self.prefill_estimate_s(), self.settle)
+
     def settle(self) -> None:
         """Its prefill waits no more (its answer ended, or failed): nothing learned."""
         if self.waiting:
             self.waiting = False
             r = self.routing
             r.pending_tokens = max(0, r.pending_tokens - self.tokens)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def fail(self) -> None:
+        """It never ran on the replica (no connection, a transport error or cancellation
+        before the answer's head, an error status): settle, and forget the chunks it added,
+        which the replica does not hold."""
+        self.settle()
+        if self.added:
+            self.routing.unrecord(self.added)
+            self.added = ()
