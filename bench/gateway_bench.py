@@ -51,7 +51,6 @@ import hashlib
 import json
 import os
 import platform
-import resource
 import signal
 import statistics
 import subprocess
@@ -67,7 +66,14 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from bench.processes import cpu_pressure_us, cpu_seconds, free_port, stop, wait_http  # noqa: E402
+from bench.processes import (  # noqa: E402
+    cpu_pressure_us,
+    cpu_seconds,
+    free_port,
+    own_cpu_seconds,
+    stop,
+    wait_http,
+)
 
 MODEL = "bench-model"
 KEY = "sk-bench"
@@ -249,11 +255,6 @@ tenant = "bench"
 tier = "premium"
 """)
     return path
-
-
-def own_cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 # --- the load ----------------------------------------------------------------------------------

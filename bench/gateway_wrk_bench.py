@@ -45,11 +45,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.processes import cpu_pressure_us, cpu_seconds, free_port, stop, wait_http  # noqa: E402
+from bench.processes import (  # noqa: E402
+    cpu_pressure_us,
+    cpu_seconds,
+    free_port,
+    postgres,
+    stop,
+    wait_http,
+)
 
 MODEL = "bench-model"
 KEY = "sk-bench"
-PG_BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
 
 #: What the upstream answers: a vLLM chat completion (its fields and their order).
 COMPLETION = {
@@ -172,30 +178,6 @@ def process(args: list[str], health: str, log: Path, *, cwd: Path = ROOT,
         stop(proc)
 
 
-@contextlib.contextmanager
-def postgres(tmp: Path) -> Iterator[str]:
-    """A throw-away PostgreSQL server on a free loopback port; yields its URL."""
-    if not PG_BIN_DIRS:
-        raise SystemExit("--postgres needs the PostgreSQL server binaries (initdb, pg_ctl)")
-    bin_dir = PG_BIN_DIRS[0]
-    data = tmp / "pgdata"
-    port = free_port()
-    user = []
-    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-        user = ["runuser", "-u", "nobody", "--"]
-        tmp.chmod(0o777)
-    subprocess.run([*user, str(bin_dir / "initdb"), "-D", str(data), "-U", "bench",
-                    "--auth=trust", "-E", "UTF8"], check=True, capture_output=True)
-    subprocess.run([*user, str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(tmp / "pg.log"),
-                    "-w", "-o", f"-p {port} -k {tmp} -c listen_addresses=127.0.0.1", "start"],
-                   check=True, capture_output=True)
-    try:
-        yield f"postgresql://bench@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run([*user, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w",
-                        "stop"], capture_output=True)
-
-
 def load_average() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
@@ -315,7 +297,7 @@ def main() -> int:
         with contextlib.ExitStack() as stack:
             database = args.database
             if args.postgres:
-                database = stack.enter_context(postgres(tmp))
+                database = stack.enter_context(postgres())
             args.store = "PostgreSQL" if database else "SQLite"
             up_port, gw_port = free_port(), free_port()
             upstream = f"http://127.0.0.1:{up_port}"

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["cpu_pressure_us", "cpu_seconds", "free_port", "stop", "wait_http"]
+__all__ = ["cpu_pressure_us", "cpu_seconds", "free_port", "own_cpu_seconds", "postgres", "stop",
+           "wait_http"]
 
 
 def free_port() -> int:
@@ -56,6 +60,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def own_cpu_seconds() -> float:
+    """User + system CPU time of this process so far, seconds."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def cpu_pressure_us() -> float | None:
     """Microseconds in which some runnable task waited for a CPU since boot (Linux PSI,
     ``/proc/pressure/cpu``); None where the kernel does not report it."""
@@ -64,3 +74,21 @@ def cpu_pressure_us() -> float | None:
     except (OSError, IndexError):
         return None
     return float(line.rsplit("total=", 1)[1])
+
+
+@contextlib.contextmanager
+def postgres() -> Iterator[str]:
+    """A throw-away PostgreSQL server on a free loopback port, started the way the tests start
+    theirs (tests/postgres_server.py: Debian's binaries, as the ``postgres`` user when run as
+    root); yields the URL of its ``postgres`` database and stops it at the end."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    # conftest first: it imports postgres_server, which imports it back.
+    import conftest  # noqa: F401
+    from postgres_server import PostgresServer, require_postgres
+
+    server = PostgresServer(require_postgres())
+    server.start()
+    try:
+        yield server.url()
+    finally:
+        server.close()

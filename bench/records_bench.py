@@ -20,6 +20,7 @@ average is printed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -27,8 +28,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from bench.processes import postgres
 from collector.request_log import GatewayRecord, RecordWriter
 
 
@@ -83,18 +84,9 @@ def main() -> None:
                         "(a database per round is created on it and dropped)")
     parser.add_argument("--sqlite", action="store_true", help="also time an SQLite file")
     args = parser.parse_args()
-    server = None
-    url = args.database
-    if not url:
-        # conftest first: it imports postgres_server, which imports it back.
-        import conftest  # noqa: F401
-        from postgres_server import PostgresServer, require_postgres
-
-        server = PostgresServer(require_postgres())
-        server.start()
-        url = server.url()
     rows: list[tuple[str, float, float]] = []
-    try:
+    with contextlib.ExitStack() as stack:
+        url = args.database or stack.enter_context(postgres())
         for k in range(args.rounds):
             rows.append(("PostgreSQL", *run_round(fresh_postgres(url, f"records_bench_{k}"),
                                                   args.records)))
@@ -102,9 +94,6 @@ def main() -> None:
             for _ in range(args.rounds):
                 with tempfile.TemporaryDirectory() as tmp:
                     rows.append(("SQLite", *run_round(Path(tmp) / "gw.db", args.records)))
-    finally:
-        if server is not None:
-            server.close()
     print(f"{args.records} records per round; load average {os.getloadavg()[0]:.2f}\n")
     print("| database | records/s | put (µs) |")
     print("|---|---:|---:|")

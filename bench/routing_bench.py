@@ -54,7 +54,6 @@ import math
 import os
 import platform
 import random
-import resource
 import subprocess
 import sys
 import tempfile
@@ -69,7 +68,13 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.processes import cpu_pressure_us, cpu_seconds, free_port, stop  # noqa: E402
+from bench.processes import (  # noqa: E402
+    cpu_pressure_us,
+    cpu_seconds,
+    free_port,
+    own_cpu_seconds,
+    stop,
+)
 from serving.loadgen.client import send_one  # noqa: E402
 from serving.loadgen.report import RequestResult  # noqa: E402
 from serving.loadgen.workload import PlannedRequest  # noqa: E402
@@ -327,11 +332,6 @@ def gateway_process(config: Path, url: str, replicas: int, log: Path
         yield proc
     finally:
         stop(proc)
-
-
-def own_cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 # --- one run -----------------------------------------------------------------------------------

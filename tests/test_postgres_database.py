@@ -255,7 +255,7 @@ def test_a_snapshot_does_not_see_later_commits(opener: Opener) -> None:
 def test_no_transaction_inside_a_snapshot(opener: Opener) -> None:
     db = opener()
     with db.snapshot(), pytest.raises(StoreError), db.transaction():
-        pass
+        pytest.fail("a transaction began inside a snapshot")
     with db.transaction() as conn:  # usable afterwards
         conn.execute("INSERT INTO items (name) VALUES (?)", ("a",))
     assert _names(db) == ["a"]
@@ -278,7 +278,7 @@ def test_readonly_refuses_writes(opener: Opener) -> None:
     with pytest.raises(StoreError, match=r"read-?only"):
         ro.execute("INSERT INTO items (name) VALUES (?)", ("b",))
     with pytest.raises(StoreError, match="read-only"), ro.transaction():
-        pass
+        pytest.fail("a read-only database began a transaction")
     with pytest.raises(StoreError):  # refused by the database itself too
         ro.query("DELETE FROM items RETURNING name")
     assert _names(ro) == ["a"]
@@ -529,11 +529,7 @@ def test_urls_are_shown_without_their_password(url: str, shown: str, password: s
 def test_a_failover_url_with_several_hosts_is_accepted(postgres_server: PostgresServer,
                                                          postgres_url: str) -> None:
     """libpq tries the hosts in turn; the first here refuses connections."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = s.getsockname()[1]  # closed again: nothing listens there
+    dead = free_port()  # closed again: nothing listens there
     dbname = postgres_url.rsplit("/", 1)[1]
     url = f"postgresql://postgres@127.0.0.1:{dead},127.0.0.1:{postgres_server.port}/{dbname}"
     db = PostgresDatabase(url, what="the test store")
