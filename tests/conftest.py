@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 
@@ -77,6 +78,24 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         what = ", ".join(f"{name} ({install})" for name, install in sorted(_MISSING.items()))
         verb = "failed" if in_ci() else "skipped"
         terminalreporter.write_line(f"{verb} for lack of: {what}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """A failed test that used a real vLLM server gets the tail of the server's log in its
+    report, and the whole log is kept in ``tests/artifacts/``."""
+    outcome = yield
+    real_vllm = sys.modules.get("real_vllm")
+    if real_vllm is not None and item.get_closest_marker("real_vllm") is not None:
+        real_vllm.report_logs(item, outcome.get_result())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the real vLLM servers the session started (they take a minute to start, so they
+    live for the whole session)."""
+    real_vllm = sys.modules.get("real_vllm")
+    if real_vllm is not None:
+        real_vllm.FLEET.close()
 
 
 @pytest.fixture

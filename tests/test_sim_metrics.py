@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving.sim.dcgm import GpuActivity
@@ -349,3 +351,38 @@ def test_a_preempted_requests_readmission_is_not_a_prefix_cache_query():
     labels = {"model_name": "m", "engine": "0"}
     assert registry.get_sample_value("vllm:prefix_cache_queries_total", labels) == 64
     assert registry.get_sample_value("vllm:prefix_cache_hits_total", labels) == 32
+
+
+def test_custom_histogram_buckets_replace_a_familys_bounds_as_in_vllm() -> None:
+    from serving.sim.server import FleetSpec, build_replicas
+    from vigil.conventions import VLLM_REQUEST_LATENCY_BUCKETS, VLLM_TTFT_BUCKETS
+
+    spec = FleetSpec(replicas=1, port=18990, max_model_len=2048,
+                     custom_histogram_buckets='{"time_to_first_token": [0.1, 0.8, 2]}')
+    (replica,) = build_replicas(spec)
+    text = generate_latest(replica.registry).decode()
+    ttft = [float(m) for m in re.findall(
+        r'^vllm:time_to_first_token_seconds_bucket\{[^}]*le="([0-9.e+]+)"', text, re.M)]
+    e2e = [float(m) for m in re.findall(
+        r'^vllm:e2e_request_latency_seconds_bucket\{[^}]*le="([0-9.e+]+)"', text, re.M)]
+    prompt = [float(m) for m in re.findall(
+        r'^vllm:request_prompt_tokens_bucket\{[^}]*le="([0-9.e+]+)"', text, re.M)]
+    assert ttft == [0.1, 0.8, 2.0] != list(VLLM_TTFT_BUCKETS)
+    assert e2e == list(VLLM_REQUEST_LATENCY_BUCKETS)  # a family not given keeps its defaults
+    assert max(prompt) == 2000.0  # 1-2-5 up to --max-model-len, as vLLM builds them
+
+
+@pytest.mark.parametrize("flag, says", [
+    ('{"time_to_first_tokens": [1]}', "unknown bucket family"),
+    ('{"request_latency": [1, 1]}', "strictly increasing"),
+    ('{"request_latency": [-1, 2]}', "positive"),
+    ('[1, 2]', "JSON object"),
+    ('{"request_latency": [1,', "not JSON"),
+])
+def test_bad_custom_histogram_buckets_are_refused_at_start(flag: str, says: str) -> None:
+    from serving.sim.server import FleetSpec, build_replicas
+    from vigil.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=says) as e:
+        build_replicas(FleetSpec(replicas=1, port=18990, custom_histogram_buckets=flag))
+    assert "--custom-histogram-buckets" in str(e.value)

@@ -58,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-queued-tokens", type=int, default=None,
                         help="answer 503 beyond this many prompt tokens awaiting prefill")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random draws")
+    parser.add_argument("--max-model-len", type=int, default=None, metavar="N",
+                        help="context length (default: the profile's), as vLLM's flag; it "
+                             "also sets the token histograms' largest bucket")
+    parser.add_argument("--custom-histogram-buckets", default=None, metavar="JSON",
+                        help="as vLLM's flag: {\"time_to_first_token\": [...], "
+                             "\"request_latency\": [...]} replacing those families' bounds")
     # Not --log-level: ``vigil`` itself has a global --log-level the subcommand must not shadow.
     parser.add_argument("--uvicorn-log-level", default="warning",
                         choices=("critical", "error", "warning", "info", "debug"),
@@ -76,7 +82,9 @@ def spec_from_args(args: argparse.Namespace) -> FleetSpec:
         scheduling_policy=args.scheduling_policy, seed=args.seed,
         gpus_per_replica=args.gpus_per_replica,
         max_num_queued_reqs=args.max_num_queued_reqs,
-        max_num_queued_tokens=args.max_num_queued_tokens)
+        max_num_queued_tokens=args.max_num_queued_tokens,
+        max_model_len=getattr(args, "max_model_len", None),
+        custom_histogram_buckets=getattr(args, "custom_histogram_buckets", None))
 
 
 def run(args: argparse.Namespace) -> int:

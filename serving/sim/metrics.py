@@ -27,7 +27,7 @@ no per-request histogram - although its tokens already generated stay counted in
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -38,6 +38,12 @@ from prometheus_client.process_collector import ProcessCollector
 from serving.sim.engine import EngineGauges, SpecDecodeConfig
 from serving.sim.profiles import Profile
 from serving.sim.request import EngineRequest
+from vigil.conventions import (
+    VLLM_BUCKET_FAMILY_REQUEST_LATENCY,
+    VLLM_BUCKET_FAMILY_TTFT,
+    VLLM_REQUEST_LATENCY_BUCKETS,
+    VLLM_TTFT_BUCKETS,
+)
 
 __all__ = [
     "E2E_BUCKETS",
@@ -50,11 +56,10 @@ __all__ = [
     "new_replica_registry",
 ]
 
-# Bucket lists of vllm/v1/metrics/buckets.py (0.33).
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-               120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+# Bucket lists of vllm/v1/metrics/buckets.py (0.33). The two that --custom-histogram-buckets
+# can replace are the ones the SLO rules rely on, defined once in vigil.conventions.
+E2E_BUCKETS = VLLM_REQUEST_LATENCY_BUCKETS
+TTFT_BUCKETS = VLLM_TTFT_BUCKETS
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                10.0, 20.0, 40.0, 80.0)
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -161,12 +166,17 @@ class VllmMetrics:
 
     def __init__(self, registry: CollectorRegistry, *, model_name: str, profile: Profile,
                  engine_index: str = "0", spec_decode: SpecDecodeConfig | None = None,
-                 max_loras: int | None = None, enable_prefix_caching: bool = True) -> None:
+                 max_loras: int | None = None, enable_prefix_caching: bool = True,
+                 custom_buckets: Mapping[str, Sequence[float]] | None = None) -> None:
         self.registry = registry
         r = registry
         base = ["model_name", "engine"]
         lv = {"model_name": model_name, "engine": engine_index}
         request_tokens = build_1_2_5_buckets(profile.max_model_len)
+        # vLLM's --custom-histogram-buckets: a family's list replaces its default bounds.
+        custom = dict(custom_buckets or {})
+        ttft_buckets = custom.get(VLLM_BUCKET_FAMILY_TTFT, TTFT_BUCKETS)
+        latency_buckets = custom.get(VLLM_BUCKET_FAMILY_REQUEST_LATENCY, E2E_BUCKETS)
 
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, base, registry=r)
@@ -287,26 +297,27 @@ class VllmMetrics:
                                  request_tokens).labels(**lv)
         self.h_ttft = hist("vllm:time_to_first_token_seconds",
                            "Histogram of time to first token in seconds.",
-                           TTFT_BUCKETS).labels(**lv)
+                           ttft_buckets).labels(**lv)
         self.h_itl = hist("vllm:inter_token_latency_seconds",
                           "Histogram of inter-token latency in seconds.", ITL_BUCKETS).labels(**lv)
         self.h_tpot = hist("vllm:request_time_per_output_token_seconds",
                            "Histogram of time_per_output_token_seconds per request.",
                            ITL_BUCKETS).labels(**lv)
         self.h_e2e = hist("vllm:e2e_request_latency_seconds",
-                          "Histogram of e2e request latency in seconds.", E2E_BUCKETS).labels(**lv)
+                          "Histogram of e2e request latency in seconds.",
+                          latency_buckets).labels(**lv)
         self.h_queue = hist("vllm:request_queue_time_seconds",
                             "Histogram of time spent in WAITING phase for request.",
-                            E2E_BUCKETS).labels(**lv)
+                            latency_buckets).labels(**lv)
         self.h_inference = hist("vllm:request_inference_time_seconds",
                                 "Histogram of time spent in RUNNING phase for request.",
-                                E2E_BUCKETS).labels(**lv)
+                                latency_buckets).labels(**lv)
         self.h_prefill = hist("vllm:request_prefill_time_seconds",
                               "Histogram of time spent in PREFILL phase for request.",
-                              E2E_BUCKETS).labels(**lv)
+                              latency_buckets).labels(**lv)
         self.h_decode = hist("vllm:request_decode_time_seconds",
                              "Histogram of time spent in DECODE phase for request.",
-                             E2E_BUCKETS).labels(**lv)
+                             latency_buckets).labels(**lv)
         self.h_preemptions = hist("vllm:request_num_preemptions",
                                   "Histogram of the number of times a request was preempted.",
                                   NUM_PREEMPTIONS_BUCKETS).labels(**lv)

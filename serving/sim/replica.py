@@ -49,6 +49,8 @@ class ReplicaConfig:
     #: beyond these, requests get HTTP 503. None = unbounded queue, vLLM's default.
     max_num_queued_reqs: int | None = None
     max_num_queued_tokens: int | None = None
+    #: vLLM's ``--custom-histogram-buckets``: bucket family -> bounds replacing its defaults.
+    custom_histogram_buckets: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
 
 class SimReplica:
@@ -73,7 +75,8 @@ class SimReplica:
         self.metrics = VllmMetrics(self.registry, model_name=self.served_model,
                                    profile=self.profile, spec_decode=ec.spec_decode,
                                    max_loras=ec.max_loras if ec.enable_lora else None,
-                                   enable_prefix_caching=ec.enable_prefix_caching)
+                                   enable_prefix_caching=ec.enable_prefix_caching,
+                                   custom_buckets=dict(self.config.custom_histogram_buckets))
         self.http_metrics = HttpMetrics(self.registry)
         self.engine = Engine(ec, observer=self.metrics)
         self.runner = EngineRunner(self.engine, clock=self._clock, on_step=self._on_step)

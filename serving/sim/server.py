@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import itertools
+import json
+import math
 import signal
 import socket
 from collections.abc import Callable, Iterator, Sequence
@@ -20,7 +24,12 @@ from serving.sim.engine import EngineConfig, SpecDecodeConfig
 from serving.sim.profiles import DEFAULT_MODEL, Profile, get_profile
 from serving.sim.queues import SchedulingPolicy
 from serving.sim.replica import ReplicaConfig, SimReplica
+from vigil.conventions import VLLM_BUCKET_FAMILY_REQUEST_LATENCY, VLLM_BUCKET_FAMILY_TTFT
 from vigil.errors import ConfigError
+
+#: The bucket families ``--custom-histogram-buckets`` may set in the simulator (vLLM has more,
+#: for histograms the simulator does not keep).
+CUSTOM_BUCKET_FAMILIES = (VLLM_BUCKET_FAMILY_TTFT, VLLM_BUCKET_FAMILY_REQUEST_LATENCY)
 
 __all__ = ["Fleet", "FleetSpec", "build_replicas", "model_short_name", "run_fleet"]
 
@@ -48,6 +57,11 @@ class FleetSpec:
     gpus_per_replica: int = 1
     max_num_queued_reqs: int | None = None
     max_num_queued_tokens: int | None = None
+    #: vLLM's ``--max-model-len``: overrides the profile's context length (None: the profile's).
+    max_model_len: int | None = None
+    #: vLLM's ``--custom-histogram-buckets`` (JSON object: bucket family -> bounds), checked as
+    #: vLLM checks it at start-up.
+    custom_histogram_buckets: str | None = None
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -79,6 +93,9 @@ def build_replicas(spec: FleetSpec) -> list[SimReplica]:
         profile = spec.profile.with_gpu(spec.gpu) if spec.gpu else spec.profile
     else:
         profile = get_profile(spec.profile, gpu=spec.gpu)
+    if spec.max_model_len is not None:
+        profile = dataclasses.replace(profile, max_model_len=spec.max_model_len)
+    buckets = parse_custom_buckets(spec.custom_histogram_buckets)
     engine = EngineConfig(
         profile=profile,
         scheduling_policy=spec.scheduling_policy,
@@ -94,7 +111,36 @@ def build_replicas(spec: FleetSpec) -> list[SimReplica]:
         name=f"{short}-{i}", served_model=spec.model, engine=engine, host=spec.host,
         port=spec.port + i, gpus=spec.gpus_per_replica, lora_modules=spec.lora_modules,
         max_num_queued_reqs=spec.max_num_queued_reqs,
-        max_num_queued_tokens=spec.max_num_queued_tokens)) for i in range(spec.replicas)]
+        max_num_queued_tokens=spec.max_num_queued_tokens,
+        custom_histogram_buckets=buckets)) for i in range(spec.replicas)]
+
+
+def parse_custom_buckets(text: str | None) -> tuple[tuple[str, tuple[float, ...]], ...]:
+    """``--custom-histogram-buckets`` as vLLM reads it: a JSON object from a bucket family
+    (``time_to_first_token``, ``request_latency``) to bounds that are positive, finite and
+    strictly increasing; anything else is refused at start (``ConfigError``)."""
+    if not text:
+        return ()
+    where = "--custom-histogram-buckets"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"not JSON: {e}", key=where) from None
+    if not isinstance(value, dict):
+        raise ConfigError("must be a JSON object of bucket family -> bounds", key=where)
+    out = []
+    for family, bounds in value.items():
+        if family not in CUSTOM_BUCKET_FAMILIES:
+            raise ConfigError(f"unknown bucket family {family!r} (the simulator knows "
+                              f"{', '.join(CUSTOM_BUCKET_FAMILIES)})", key=where)
+        if (not isinstance(bounds, list) or not bounds
+                or not all(isinstance(b, int | float) and not isinstance(b, bool)
+                           and math.isfinite(b) and b > 0 for b in bounds)
+                or any(b >= c for b, c in itertools.pairwise(bounds))):
+            raise ConfigError(f"{family}: bounds must be positive, finite and strictly "
+                              f"increasing, not {bounds!r}", key=where)
+        out.append((family, tuple(float(b) for b in bounds)))
+    return tuple(out)
 
 
 class _Server(uvicorn.Server):
