@@ -109,4 +109,10 @@ def tier_gap(tiers: Iterable[Mapping[str, Mapping[str, Any]] | None]) -> str:
     blocks = [b for b in tiers if b]
     if any((v.get("requests") or 0) > 0 for b in blocks for v in b.values()):
         return f"The gateway recorded tiered requests, but there is {NO_UP}."
+    # Only cancelled, timed-out or cached requests: a tier's cost per 1000 counts the ones a
+    # replica finished (``slo.cost``), so there is nothing to divide by, though there was traffic.
+    if any((v.get(k) or 0) > 0 for b in blocks for v in b.values()
+           for k in ("cancelled", "timed_out", "cache_hits")):
+        return ("The gateway recorded tiered requests, but a replica finished none of them "
+                "in this range (all cancelled, timed out or answered from the cache).")
     return "No tiered request in this range."

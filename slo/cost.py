@@ -10,7 +10,7 @@ over the window ``w`` (``[engine] cost_window``, 1 h), per target::
     up_seconds = min(count of up == 1 samples in w × interval, w)
     gpu_hours  = sum(up_seconds) / 3600 × gpus_per_replica
     cost_usd   = gpu_hours × prices[pool.gpu]
-    requests   = sum(increase(vllm:request_success_total{pool, kind="vllm"}[w]))   (all reasons)
+    requests   = sum(increase(vllm:request_success_total{pool, kind="vllm"}[w]))   (see below)
     output_tokens = sum(increase(vllm:generation_tokens_total{pool, kind="vllm"}[w]))
     per_1000_requests         = cost_usd / requests × 1000
     per_million_output_tokens = cost_usd / output_tokens × 1e6
@@ -45,14 +45,38 @@ With ``[[pools]] bill_down_time = true`` every sample counts, ``up == 0`` too
 
 Anything without data is ``None``, never 0 (e.g. ``per_1000_requests`` with no requests).
 
+**What "requests" means in every per-1000 figure, pool and tier: the requests a replica
+finished**, what vLLM counts in ``vllm:request_success_total``: completed (``finished_reason``
+``stop``, ``length``, ``repetition``) or failed in the engine (``error``). The pool reads that
+counter; a tier counts its gateway records that a replica answered with a 2xx or a 5xx (vLLM
+answers an engine failure with a 500). Not counted:
+
+* requests aborted before the end: the client went away (``error_class`` ``client_cancel``,
+  status 499) or the gateway gave up on a silent replica (``timeout``, 504: it closes the
+  connection, so vLLM aborts the request as for a client). vLLM counts no aborted request:
+  ``OutputProcessor.abort_requests`` bypasses its statistics (vllm-project/vllm#31503), so it
+  is in no ``finished_reason`` (not even ``abort``) and not in
+  ``vllm:e2e_request_latency_seconds``, while its tokens are in
+  ``vllm:generation_tokens_total``. The GPU time they took stays in ``cost_usd`` (and in their
+  tier's share of it), spread over the finished requests; per tier they are reported as
+  ``cancelled`` and ``timed_out``.
+* refusals, by the gateway before a replica (``ERROR_REFUSED_CLASSES``) or by the replica's
+  API server before its engine (``upstream_4xx``): no GPU time, left out of ``by_tier``.
+* semantic-cache hits: the gateway answered them, no replica worked; reported per tier as
+  ``cache_hits``, what they saved as ``saved_usd`` and ``cache_savings_usd``.
+
+A replica that died mid-request (connection reset, a 502 from the gateway) is counted by its
+tier although vLLM's counter never saw it: the gateway cannot tell it from an engine failure.
+
 With the gateway's request log (``slo.sli.RequestLog``) two more figures exist:
 
 * ``by_tier``: the pool's ``cost_usd`` split over the tiers (premium / standard / batch) in
   proportion to the GPU time the gateway attributed to each tier's requests (``cost_usd`` of
   each record: the replica's price per second × the request's latency ÷ the requests sharing
-  the replica meanwhile), so the tiers add up to the pool's cost, idle time included; falling
-  back to output tokens when no record carries a cost. Per tier: requests, output tokens,
-  cost, cost per 1000 requests.
+  the replica meanwhile; cancelled and timed-out requests included, they used the GPU), so the
+  tiers add up to the pool's cost, idle time included; falling back to output tokens when no
+  record carries a cost. Per tier: ``requests`` (finished by a replica, as above),
+  ``cancelled``, ``timed_out``, ``cache_hits``, output tokens, cost, cost per 1000 requests.
 * ``cache_savings_usd``: what the semantic cache's hits would have cost on the GPUs (the
   ``saved_usd`` of each hit: the cost of the request that filled the entry).
 
@@ -73,7 +97,10 @@ from slo.sli import RequestLog, replica_label, vllm_matchers, vllm_up_matchers
 from slo.source import Downsampled, Source, is_external
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
+    ERROR_CLIENT_CANCEL,
     ERROR_REFUSED_CLASSES,
+    ERROR_TIMEOUT,
+    ERROR_UPSTREAM_4XX,
     LABEL_INSTANCE,
     LABEL_MODEL_NAME,
     SERIES_UP,
@@ -99,6 +126,9 @@ _SECONDS_PER_HOUR = 3600.0
 #: Fewest samples whose median spacing stands for an unknown scrape interval: with fewer, one
 #: gap (a restart, a missed scrape) could be the median.
 MIN_SAMPLES_FOR_SPACING = 4
+#: Records no replica worked on: refused by the gateway, or by the replica's API server before
+#: its engine (an upstream 4xx: vLLM validates a request before the engine sees it).
+_REFUSED_CLASSES = (*ERROR_REFUSED_CLASSES, ERROR_UPSTREAM_4XX)
 
 
 def coverage_interval(
@@ -202,24 +232,38 @@ def tier_costs(
     records: Sequence[RequestRecord], cost_usd: float | None
 ) -> tuple[dict[str, dict[str, float | None]] | None, float | None]:
     """``(by_tier, cache_savings_usd)`` of one pool's records over the cost window (see the
-    module docstring); ``(None, None)`` without records."""
-    # Served requests only: one refused before a replica or the cache costs nothing.
-    records = [r for r in records if r.error_class not in ERROR_REFUSED_CLASSES]
+    module docstring); ``(None, None)`` without records.
+
+    Per tier: ``requests`` (finished by a replica: the ``per_1000_requests`` denominator, the
+    requests vLLM's ``request_success_total`` counts), ``cancelled``, ``timed_out`` and
+    ``cache_hits`` (counts), ``output_tokens``, ``saved_usd``, ``cost_share`` (0-1),
+    ``cost_usd`` and ``per_1000_requests`` (USD)."""
+    # Refused ones cost nothing: by the gateway, or by the replica's API before its engine.
+    records = [r for r in records if r.error_class not in _REFUSED_CLASSES]
     if not records:
         return None, None
     tiers: dict[str, dict[str, float]] = {}
     for r in records:
         t = tiers.setdefault(r.tier or "unknown",
-                             {"requests": 0.0, "output_tokens": 0.0, "weight": 0.0,
-                              "cache_hits": 0.0, "saved_usd": 0.0})
-        t["requests"] += 1
+                             {"requests": 0.0, "cancelled": 0.0, "timed_out": 0.0,
+                              "output_tokens": 0.0, "weight": 0.0, "cache_hits": 0.0,
+                              "saved_usd": 0.0})
         t["output_tokens"] += r.generated_tokens
         if r.cache_hit:
             t["cache_hits"] += 1
             if r.saved_usd is not None and math.isfinite(r.saved_usd):
                 t["saved_usd"] += r.saved_usd
-        elif r.cost_usd is not None and math.isfinite(r.cost_usd):
+            continue
+        # The GPU time of every request that reached a replica weighs, finished or not; only
+        # the finished ones are counted, as vLLM's own counter (and so the pool) counts them.
+        if r.cost_usd is not None and math.isfinite(r.cost_usd):
             t["weight"] += r.cost_usd
+        if r.error_class == ERROR_CLIENT_CANCEL:
+            t["cancelled"] += 1
+        elif r.error_class == ERROR_TIMEOUT:
+            t["timed_out"] += 1
+        else:
+            t["requests"] += 1
     by_weight = math.fsum(t["weight"] for t in tiers.values())
     key = "weight" if by_weight > 0 else "output_tokens"
     total = by_weight if by_weight > 0 else math.fsum(t["output_tokens"] for t in tiers.values())
@@ -229,6 +273,8 @@ def tier_costs(
         cost = None if share is None or cost_usd is None else cost_usd * share
         out[name] = {
             "requests": t["requests"],
+            "cancelled": t["cancelled"],
+            "timed_out": t["timed_out"],
             "output_tokens": t["output_tokens"],
             "cache_hits": t["cache_hits"],
             "saved_usd": t["saved_usd"],

@@ -64,6 +64,8 @@ def test_tokens_chart_and_tiers():
     assert "`vllm:request_generation_tokens` has no observation" in tokens_gap([cost(1.0, 9.0)])
     assert tier_gap([None, {}]) == "No tiered request in this range."
     assert NO_UP in tier_gap([{"premium": {"requests": 3.0, "cost_usd": None}}])
+    only_cancels = {"premium": {"requests": 0.0, "cancelled": 2.0, "cost_usd": 1.0}}
+    assert "a replica finished none of them" in tier_gap([only_cancels])
 
 
 # --- the Business page over an ingested history ------------------------------------------------

@@ -130,8 +130,9 @@ def test_with_gateway_records_the_cost_splits_by_tier_and_counts_cache_savings(
     assert premium["cost_share"] == pytest.approx(0.75)
     assert premium["cost_usd"] == pytest.approx(20.64 * 0.75)  # tiers add up to the pool
     assert batch["cost_usd"] == pytest.approx(20.64 * 0.25)
-    assert premium["requests"] == 3 and premium["cache_hits"] == 1
-    assert premium["per_1000_requests"] == pytest.approx(20.64 * 0.75 / 3 * 1000)
+    # The cache hit is no request a replica finished: 2 of premium's 3 records count.
+    assert premium["requests"] == 2 and premium["cache_hits"] == 1
+    assert premium["per_1000_requests"] == pytest.approx(20.64 * 0.75 / 2 * 1000)
     assert cost["cache_savings_usd"] == pytest.approx(0.015)
 
 
@@ -156,11 +157,75 @@ def test_tier_costs_skip_refused_requests_and_sum_savings_per_tier() -> None:
                           error_class="over_cap")]
     by_tier, saved = tier_costs(recs, 4.0)
     assert by_tier is not None and set(by_tier) == {"standard", "premium"}  # refusals: none
-    assert by_tier["standard"]["requests"] == 2 and by_tier["standard"]["cache_hits"] == 1
+    assert by_tier["standard"]["requests"] == 1 and by_tier["standard"]["cache_hits"] == 1
     assert by_tier["standard"]["saved_usd"] == pytest.approx(0.002)
     assert by_tier["premium"]["cost_usd"] == pytest.approx(3.0)
-    assert by_tier["standard"]["per_1000_requests"] == pytest.approx(1.0 / 2 * 1000)
+    assert by_tier["standard"]["per_1000_requests"] == pytest.approx(1.0 / 1 * 1000)
     assert saved == pytest.approx(0.002)
+
+
+def _rec(i: int, tier: str, cost: float | None = 0.001, **kw: object) -> RequestRecord:
+    """A gateway record of pool "chat" (100 prompt, 50 generated tokens)."""
+    return RequestRecord(f"r{i}", AT - 1, "chat", MODEL, "chat", 100, 50, tier=tier,
+                         cost_usd=cost, **kw)  # type: ignore[arg-type]
+
+
+def test_a_tier_counts_the_requests_vllm_counts_and_shows_the_others_beside() -> None:
+    # vLLM's request_success_total would count 4 of premium's: 3 completed, 1 engine error
+    # (answered with a 500). Not the client's cancels nor the gateway's timeout (both abort
+    # the request in vLLM), not the replica's 4xx refusal, not the cache hit (no replica).
+    recs = [_rec(0, "premium", status=200), _rec(1, "premium", status=200),
+            _rec(2, "premium", status=200),
+            _rec(3, "premium", error=True, error_class="upstream_5xx", status=500),
+            _rec(4, "premium", 0.002, error_class="client_cancel", status=499),
+            _rec(5, "premium", 0.002, error_class="client_cancel", status=499),
+            _rec(6, "premium", error=True, error_class="timeout", status=504),
+            _rec(7, "premium", 0.0, error_class="upstream_4xx", status=400),
+            _rec(8, "premium", 0.0, cache_hit="l1", saved_usd=0.001, status=200),
+            _rec(9, "premium", None, error_class="rejected", status=429),
+            _rec(10, "batch", status=200)]
+    by_tier, _ = tier_costs(recs, 10.0)
+    assert by_tier is not None
+    premium = by_tier["premium"]
+    assert (premium["requests"], premium["cancelled"], premium["timed_out"],
+            premium["cache_hits"]) == (4, 2, 1, 1)
+    # The cancelled and timed-out requests' GPU time still weighs: 9 of the 10 units.
+    assert premium["cost_share"] == pytest.approx(0.009 / 0.010)
+    assert premium["per_1000_requests"] == pytest.approx(10.0 * 0.9 / 4 * 1000)
+    assert by_tier["batch"]["requests"] == 1 and by_tier["batch"]["cancelled"] == 0
+
+
+def test_a_tier_with_only_cancels_has_a_cost_but_no_cost_per_request() -> None:
+    by_tier, _ = tier_costs([_rec(0, "standard", error_class="client_cancel", status=499)],
+                            2.0)
+    assert by_tier is not None
+    assert by_tier["standard"]["cost_usd"] == pytest.approx(2.0)
+    assert by_tier["standard"]["requests"] == 0 and by_tier["standard"]["cancelled"] == 1
+    assert by_tier["standard"]["per_1000_requests"] is None
+
+
+class _OneTierLog:
+    """The gateway's view of ``_fleet``'s traffic, all of it standard: the 2400 requests
+    chat-0 finished, plus 147 the clients cancelled and 30 cache hits, which vLLM's
+    ``request_success_total`` does not count."""
+
+    def records(self, pool: str, at_s: float, window_s: float) -> list[RequestRecord]:
+        finished = [_rec(i, "standard") for i in range(10 * SAMPLES_PER_HOUR)]
+        cancelled = [_rec(10_000 + i, "standard", 0.003, error_class="client_cancel",
+                          status=499) for i in range(147)]
+        hits = [_rec(20_000 + i, "standard", 0.0, cache_hit="l2", saved_usd=0.001)
+                for i in range(30)]
+        return finished + cancelled + hits
+
+
+def test_one_tier_with_all_the_traffic_costs_what_the_pool_does_per_1000(store: Store) -> None:
+    _fleet(store)
+    cost = pool_cost(EmbeddedSource(store), CONFIG, POOL, AT, request_log=_OneTierLog())
+    standard = cost["by_tier"]["standard"]
+    assert standard["requests"] == pytest.approx(cost["requests"])  # 2400 both
+    assert standard["cancelled"] == 147 and standard["cache_hits"] == 30
+    assert standard["cost_usd"] == pytest.approx(cost["cost_usd"])
+    assert standard["per_1000_requests"] == pytest.approx(cost["per_1000_requests"])  # $8.60
 
 
 # --- billed for the time it ran ---------------------------------------------------------------

@@ -143,7 +143,8 @@ def _gateway(pools: list[PoolConfig], times: list[float], window_s: float, at_s:
         df = pd.DataFrame([{"tier": t, "per 1000 requests": v["cost_usd"] / v["requests"] * 1000}
                            for t, v in totals.items() if v["requests"]])
         st.markdown("**GPU cost per 1000 requests by tier** (each pool's cost, idle time "
-                    "included, split by the GPU time of each tier's requests)")
+                    "included, split by the GPU time of each tier's requests; per request a "
+                    "replica finished: cancelled requests and cache hits are not counted)")
         layout.chart(charts.bars(df, x="tier", y="per 1000 requests", x_title="tier",
                                  y_title="USD", y_format="$.3f") if not df.empty else None, df,
                      empty.tier_gap(blocks))
