@@ -1,0 +1,191 @@
+"""The gateway in front of a real vLLM server: what it promises, measured by the engine.
+
+The official ``openai`` client talks to a ``vigil gateway`` process whose pool is the session's
+real vLLM server (``tests/real_vllm.py``: ``max_num_seqs`` 4, priority scheduling). Each claim
+is read back from the engine's own ``/metrics``: the default max_tokens is what vLLM was asked
+for, a client's cancel stops vLLM's generation, and under saturation vLLM's priority scheduler
+serves premium requests before the batch ones that were already waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import wait_for
+from real_vllm import MODEL, VllmServer, real_vllm  # noqa: F401
+from shared_gateways import GatewayProcess, running_gateways, write_config
+from test_gateway_support import BATCH, PREMIUM, STANDARD
+
+from collector.request_log import GatewayRecords
+from serving.sim.testing import sample_values, total
+from vigil.conventions import HEADER_REQUEST_ID
+
+pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
+
+#: [gateway] default_max_tokens in these tests: small, so a request without max_tokens is quick.
+DEFAULT_MAX_TOKENS = 24
+
+
+@dataclass
+class Front:
+    """A gateway process in front of the real server, and where its records are."""
+
+    gateway: GatewayProcess
+    server: VllmServer
+    records: Path
+
+    def engine(self, name: str, **labels: str) -> float:
+        """The sum of the engine's samples named ``name`` with ``labels``, now."""
+        return total(sample_values(self.server.metrics()), name, **labels)
+
+    def rows(self) -> list:
+        now = time.time()
+        return GatewayRecords(self.records).rows(None, now + 1, 3600)
+
+
+@pytest.fixture(scope="module")
+def front(real_vllm: VllmServer, tmp_path_factory: pytest.TempPathFactory  # noqa: F811
+          ) -> Iterator[Front]:
+    folder = tmp_path_factory.mktemp("gateway-real-vllm")
+    records = folder / "records.db"
+    config = write_config(folder, records, [real_vllm.url], gateway={
+        "default_max_tokens": DEFAULT_MAX_TOKENS,
+        # Batch keys on the synchronous endpoints go straight to vLLM: the test is about
+        # vLLM's own priority scheduling, not the gateway's headroom rule.
+        "batch": {"headroom_kv_usage": 1.0, "headroom_queue_length": 1000}})
+    with running_gateways(config, 1) as (gateway,):
+        yield Front(gateway, real_vllm, records)
+
+
+def _idle(front: Front) -> None:
+    wait_for("the engine idle", lambda: front.engine("vllm:num_requests_running") == 0
+             and front.engine("vllm:num_requests_waiting") == 0, timeout_s=120)
+
+
+def test_streaming_and_non_streaming_with_the_official_client(front: Front) -> None:
+    client = front.gateway.client(STANDARD, timeout=120.0)
+    answer = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "say something"}], max_tokens=12,
+        extra_body={"ignore_eos": True})
+    assert answer.model == MODEL
+    assert answer.usage is not None and answer.usage.completion_tokens == 12
+    assert answer.choices[0].finish_reason == "length"
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "say something else"}],
+        max_tokens=12, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True}))
+    content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content) >= 2
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    ids = {answer.id, chunks[0].id}
+    rows = wait_for("both records", lambda: [r for r in front.rows() if r.upstream_id in ids]
+                    if len([r for r in front.rows() if r.upstream_id in ids]) == 2 else None)
+    for r in rows:
+        assert (r.tier, r.status, r.completion_tokens, r.tokens_source) == (
+            "standard", 200, 12, "usage"), r
+    (streamed,) = [r for r in rows if r.stream]
+    assert streamed.ttft_s is not None and 0 < streamed.ttft_s <= streamed.e2e_s
+
+
+def test_the_default_max_tokens_is_what_vllm_was_asked_for(front: Front) -> None:
+    _idle(front)
+    before = front.engine("vllm:request_params_max_tokens_sum")
+    client = front.gateway.client(STANDARD, timeout=120.0)
+    answer = client.completions.create(model=MODEL, prompt="no limit given",
+                                       extra_body={"ignore_eos": True})
+    assert answer.usage is not None and answer.usage.completion_tokens == DEFAULT_MAX_TOKENS
+    # vLLM's own record of the request's max_tokens parameter.
+    assert front.engine("vllm:request_params_max_tokens_sum") - before == DEFAULT_MAX_TOKENS
+
+
+def test_a_client_cancel_stops_generation_in_the_engine(front: Front) -> None:
+    _idle(front)
+    asked = 1800
+    generated_before = front.engine("vllm:generation_tokens_total")
+    client = front.gateway.client(STANDARD, timeout=120.0)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "a long story, please"}],
+        max_tokens=asked, stream=True, extra_body={"ignore_eos": True})
+    received = 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            received += 1
+        if received >= 5:
+            break
+    stream.close()  # the client goes away mid-generation
+    closed_at = time.monotonic()
+    wait_for("the engine to drop the request",
+             lambda: front.engine("vllm:num_requests_running") == 0, timeout_s=10,
+             interval_s=0.01)
+    stopped_after_s = time.monotonic() - closed_at
+    settled = front.engine("vllm:generation_tokens_total")
+    time.sleep(1.0)  # at ~100 tokens/s a running request would add ~100 tokens meanwhile
+    generated = front.engine("vllm:generation_tokens_total") - generated_before
+    assert front.engine("vllm:generation_tokens_total") == settled, "still generating"
+    print(f"cancel: engine dropped the request {stopped_after_s * 1000:.0f} ms after the "
+          f"client closed; {generated:.0f} of {asked} tokens generated, {received} received")
+    assert generated < asked / 4, generated
+    # vLLM counts no aborted request as finished; the gateway records it as a cancel.
+    cancelled = wait_for("the cancel's record", lambda: [
+        r for r in front.rows() if r.error_class == "client_cancel"])
+    assert cancelled[-1].status == 499
+
+
+async def _stream_one(client: httpx.AsyncClient, key: str, max_tokens: int,
+                      content: str) -> str:
+    """One streamed chat completion through the gateway, read to the end; its request id."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+    async with client.stream("POST", "/v1/chat/completions", json=body,
+                             headers={"Authorization": f"Bearer {key}"}) as r:
+        if r.status_code != 200:
+            await r.aread()
+            raise AssertionError(f"HTTP {r.status_code}: {r.text}")
+        async for _ in r.aiter_lines():
+            pass
+        return r.headers[HEADER_REQUEST_ID]
+
+
+def test_premium_requests_overtake_waiting_batch_ones_in_vllms_queue(front: Front) -> None:
+    _idle(front)
+    seqs = 4  # tests/real_vllm.py PROFILE's max_num_seqs
+
+    async def run() -> tuple[list[str], list[str], float]:
+        async with httpx.AsyncClient(base_url=front.gateway.url, timeout=300.0) as client:
+            batch = [asyncio.create_task(_stream_one(client, BATCH, 800, f"batch job {i}"))
+                     for i in range(2 * seqs)]
+            # max_num_seqs 4: four batch requests run and four wait in vLLM's queue.
+            deadline = time.monotonic() + 120
+            while total(sample_values((await client.get(f"{front.server.url}/metrics")).text),
+                        "vllm:num_requests_waiting") < seqs:
+                assert time.monotonic() < deadline, "no batch request waiting in vLLM's queue"
+                assert not any(t.done() for t in batch), "a batch request ended early"
+                await asyncio.sleep(0.05)
+            sent = time.time()
+            premium = [asyncio.create_task(_stream_one(client, PREMIUM, 16, f"premium {i}"))
+                       for i in range(seqs)]
+            return (list(await asyncio.gather(*batch)), list(await asyncio.gather(*premium)),
+                    sent)
+
+    batch_ids, premium_ids, sent = asyncio.run(run())
+    rows = {r.id: r for r in front.rows()}
+    first = {i: rows[i].start_s + rows[i].ttft_s for i in batch_ids + premium_ids}
+    # The batch requests still without a token when the premium ones were sent: those waiting
+    # in vLLM's queue (by the gateway's clock: when each first token left vLLM's server).
+    waiting = [i for i in batch_ids if first[i] > sent]
+    assert len(waiting) == seqs, [round(first[i] - sent, 2) for i in batch_ids]
+    premium_wait = sorted(rows[i].ttft_s for i in premium_ids)
+    batch_wait = sorted(first[i] - sent for i in waiting)
+    print(f"priority: premium TTFT {[round(w, 2) for w in premium_wait]} s; the batch "
+          f"requests already waiting got their first token {[round(w, 2) for w in batch_wait]}"
+          f" s after the premium ones were sent")
+    # vLLM's priority scheduler takes every premium request before the batch ones that were
+    # already waiting when the premium ones arrived.
+    assert max(first[i] for i in premium_ids) < min(first[i] for i in waiting)
+
