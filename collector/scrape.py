@@ -15,6 +15,7 @@ import httpx
 from prometheus_client.metrics_core import Metric
 
 from collector.exposition import normalise_vllm_names, parse, wire_name
+from collector.vllm_families import VersionAnswer, parse_version
 from vigil.conventions import (
     EXPORTED_PREFIX,
     LABEL_INSTANCE,
@@ -25,6 +26,7 @@ from vigil.conventions import (
     SERIES_SCRAPE_SAMPLES,
     SERIES_UP,
     USER_AGENT,
+    VLLM_VERSION_PATH,
 )
 from vigil.errors import ParseError, ScrapeError
 from vigil.model import Labels, SeriesKey
@@ -35,6 +37,7 @@ __all__ = [
     "TargetInfo",
     "fetch",
     "fetch_once",
+    "fetch_version",
     "parse_fetched",
     "points_from_families",
     "root_cause",
@@ -44,10 +47,17 @@ __all__ = [
     "stale_points",
     "target_end_points",
     "timestamp_ms",
+    "version_url",
 ]
 
 #: The series every scrape writes besides the exposition's.
 SCRAPE_SERIES = (SERIES_UP, SERIES_SCRAPE_DURATION, SERIES_SCRAPE_SAMPLES)
+
+#: The longest wait for ``GET /version`` (seconds; the scrape timeout when shorter). It is asked
+#: once per target and exposition, only when a family is missing: never on a healthy scrape.
+VERSION_TIMEOUT_S = 2.0
+#: A version answer is a few dozen bytes; a bigger body is not one.
+_VERSION_MAX_BYTES = 4096
 
 #: One row for ``Store.write``: series, family type, Unix ms, value (None = stale marker).
 StorePoint = tuple[SeriesKey, str, int, float | None]
@@ -275,6 +285,38 @@ async def fetch_once(
     except Exception as exc:
         return Fetched(None, None, perf() - t0, f"{type(exc).__name__}: {exc}")
     return Fetched(body, ctype, perf() - t0, "")
+
+
+def version_url(metrics_url: str) -> str:
+    """Where a vLLM server whose metrics are at ``metrics_url`` answers ``GET /version``:
+    beside ``/metrics`` (so a path prefix added by a proxy is kept), else at the root."""
+    url = httpx.URL(metrics_url)
+    path = url.path
+    base = path[: -len("/metrics")] if path.endswith("/metrics") else ""
+    return str(url.copy_with(path=base + VLLM_VERSION_PATH, query=None, fragment=None))
+
+
+async def fetch_version(
+    client: httpx.AsyncClient, target: TargetInfo, *, timeout: float
+) -> VersionAnswer:
+    """Ask ``target``'s server for its vLLM version; never raises for target problems (the
+    answer then says why there is no version)."""
+    try:
+        async with asyncio.timeout(timeout):
+            async with client.stream("GET", version_url(target.url), timeout=timeout,
+                                     headers={"User-Agent": USER_AGENT}) as resp:
+                if resp.status_code != 200:
+                    return VersionAnswer("", f"HTTP {resp.status_code}")
+                body = b""
+                async for chunk in resp.aiter_bytes():
+                    body += chunk
+                    if len(body) > _VERSION_MAX_BYTES:
+                        return VersionAnswer("", "answer too long")
+    except (TimeoutError, httpx.TimeoutException):
+        return VersionAnswer("", f"no answer within {timeout:g}s")
+    except httpx.HTTPError as exc:
+        return VersionAnswer("", root_cause(exc))
+    return parse_version(body)
 
 
 def parse_fetched(target: TargetInfo, fetched: Fetched, now: float) -> ScrapeResult:

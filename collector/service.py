@@ -34,10 +34,13 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from collector.discovery import TargetChanges, TargetSet
 from collector.layout import Layout
 from collector.scrape import (
+    VERSION_TIMEOUT_S,
     Fetched,
     ScrapeResult,
+    StorePoint,
     TargetInfo,
     fetch_once,
+    fetch_version,
     parse_fetched,
     points_from_families,
     scrape_series_points,
@@ -45,8 +48,16 @@ from collector.scrape import (
     target_end_points,
 )
 from collector.store import Store
+from collector.vllm_families import (
+    COMPLETE,
+    FamilyCheck,
+    VersionAnswer,
+    check_families,
+    join_warnings,
+)
 from vigil.clock import Clock, system_clock
 from vigil.config import Config, TargetConfig
+from vigil.conventions import KIND_VLLM
 from vigil.errors import StoreError
 from vigil.model import SeriesKey, TargetHealth
 
@@ -76,6 +87,10 @@ class ScrapeWriter:
 
     It remembers per target the last scrape's series (for staleness markers) and the layout of
     its exposition (for the repeat-scrape fast path), so it must see every scrape of a target.
+
+    A vLLM target's exposition is checked against the families Vigil reads
+    (``collector.vllm_families``) on each full parse; the fast path reads the same series, so
+    it reuses the result. An up target's health carries a warning per missing family.
     """
 
     def __init__(self, store: Store):
@@ -86,6 +101,12 @@ class ScrapeWriter:
         self._layouts: dict[str, Layout] = {}
         #: The timestamp (Unix ms) of each target's last stored scrape.
         self._last_ts: dict[str, int] = {}
+        #: Per vLLM target: a hash of the sample names of its last full parse, and what that
+        #: exposition lacks. Only a changed set of names is checked again.
+        self._families: dict[str, tuple[int, FamilyCheck]] = {}
+        #: Per vLLM target that lacks a family: its ``GET /version`` answer, forgotten when
+        #: the names change (a new set of names may be another release).
+        self._versions: dict[str, VersionAnswer] = {}
 
     def process(self, target: TargetInfo, fetched: Fetched, now: float) -> TargetHealth:
         """Parse (the fast path when the shape is unchanged) and store one fetch."""
@@ -104,6 +125,8 @@ class ScrapeWriter:
             self._layouts.pop(target.name, None)
             return self._write_result(result, [])
         points = points_from_families(result.families, target, ts_ms)
+        if target.kind == KIND_VLLM:
+            self._check_families(target.name, points)
         text = _text_format_body(fetched)
         learned = Layout.build(text, points, ts_ms) if text is not None else None
         if learned is None:
@@ -111,6 +134,38 @@ class ScrapeWriter:
         else:
             self._layouts[target.name] = learned
         return self._write_result(result, points)
+
+    def _check_families(self, name: str, points: list[StorePoint]) -> None:
+        names = frozenset(key.name for key, _, _, _ in points)
+        digest = hash(names)
+        known = self._families.get(name)
+        if known is None or known[0] != digest:
+            self._families[name] = (digest, check_families(names))
+            self._versions.pop(name, None)
+
+    def family_check(self, name: str) -> FamilyCheck:
+        """What the last full parse of vLLM target ``name`` lacked (nothing when unknown)."""
+        known = self._families.get(name)
+        return COMPLETE if known is None else known[1]
+
+    def version(self, name: str) -> VersionAnswer | None:
+        """What ``GET /version`` answered for target ``name`` since its names last changed."""
+        return self._versions.get(name)
+
+    def _warnings(self, name: str) -> str:
+        check = self.family_check(name)
+        return join_warnings(check.warnings(self._versions.get(name))) if check.missing else ""
+
+    def record_version(self, target: TargetInfo, answer: VersionAnswer,
+                       health: TargetHealth) -> TargetHealth:
+        """Keep ``answer`` for ``target`` and record ``health`` again with it in the
+        warnings (the scrape was stored before the version was asked)."""
+        self._versions[target.name] = answer
+        if not health.up:
+            return health
+        health = health._replace(error=self._warnings(target.name))
+        self.store.set_target_health(health)
+        return health
 
     def _write_result(self, result: ScrapeResult, points: list[Any]) -> TargetHealth:
         """Points, scrape series, staleness markers and target health in one transaction."""
@@ -130,7 +185,8 @@ class ScrapeWriter:
             last_scrape=result.started,
             duration=result.duration,
             samples=result.samples,
-            error=result.error,
+            # Up, the text is the warnings of the exposition (collector.vllm_families).
+            error=result.error if not result.up else self._warnings(name),
         )
         with self.store.transaction():
             self.store.write(rows)
@@ -150,6 +206,8 @@ class ScrapeWriter:
         name = target.name
         previous = self._last_series.pop(name, [])
         self._layouts.pop(name, None)
+        self._families.pop(name, None)
+        self._versions.pop(name, None)
         last_ms = self._last_ts.pop(name, None)
         if last_ms is None:
             return 0
@@ -200,6 +258,9 @@ class Collector:
         #: targets (3M scans for 200 targets, measured); a pool per target keeps it linear.
         self._clients: dict[str, httpx.AsyncClient] = {}
         self._last_up: dict[str, bool] = {}
+        #: The missing families already logged per target: each is logged once, not on every
+        #: scrape, and again only after it came back.
+        self._logged_missing: dict[str, set[str]] = {}
         self.scrapes = 0
         self._open_lock = asyncio.Lock()
         self._lock_file: IO[bytes] | None = None
@@ -296,6 +357,8 @@ class Collector:
         # Parsing is CPU work: it runs on the writer thread, so the loop keeps fetching.
         assert self._scrape_writer is not None  # open() made it
         health = await self._in_writer(self._scrape_writer.process, target_info(t), fetched, now)
+        if health.up and t.kind == KIND_VLLM:
+            health = await self._missing_families(t, health)
         self.scrapes += 1
         was_up = self._last_up.get(t.name)
         if was_up is not health.up:
@@ -304,6 +367,32 @@ class Collector:
             else:
                 log.warning("target %s is down: %s", t.name, health.error)
         self._last_up[t.name] = health.up
+        return health
+
+    async def _missing_families(self, t: TargetConfig, health: TargetHealth) -> TargetHealth:
+        """Ask the server its version the first time its exposition lacks a family (a healthy
+        target costs nothing here), and log each missing family once."""
+        writer = self._scrape_writer
+        assert writer is not None  # open() made it
+        check = writer.family_check(t.name)
+        if check.missing and writer.version(t.name) is None:
+            answer = await fetch_version(
+                self._client(t.name), target_info(t),
+                timeout=min(VERSION_TIMEOUT_S, self.config.scrape_timeout(t)))
+            health = await self._in_writer(writer.record_version, target_info(t), answer,
+                                           health)
+        logged = self._logged_missing.get(t.name, set())
+        missing = {f.name for f in check.missing}
+        for family, text in zip(check.missing, check.warnings(writer.version(t.name)),
+                                strict=True):
+            if family.name not in logged:
+                log.warning("target %s (%s): %s", t.name, t.url, text)
+        for name in sorted(logged - missing):
+            log.info("target %s (%s): %s is exposed again", t.name, t.url, name)
+        if missing:
+            self._logged_missing[t.name] = missing
+        else:
+            self._logged_missing.pop(t.name, None)
         return health
 
     async def scrape_all(self) -> list[TargetHealth]:
@@ -430,6 +519,7 @@ class Collector:
         if client is not None:
             await client.aclose()
         self._last_up.pop(name, None)
+        self._logged_missing.pop(name, None)
         if end_series and old is not None:
             log.info("target %s (%s) removed: %d series ended", name, old.url, markers)
 

@@ -19,6 +19,7 @@ import contextlib
 import json
 import math
 import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -273,4 +274,10 @@ def format_table(result: dict[str, Any]) -> str:
         ]
         alerts = ",".join(slo.get("alerts") or []) or _NULL
         lines.append(_slo_line(cells, alerts))
+    # Why an SLI is null (no requests, a family the replicas lack): the JSON's "reason".
+    for slo in result.get("slos") or []:
+        if slo.get("sli") is None and slo.get("reason"):
+            lines += textwrap.wrap(f"{slo.get('name', '')}: {slo['reason']}", TABLE_WIDTH,
+                                   initial_indent="  ", subsequent_indent="    ",
+                                   break_on_hyphens=False)
     return "\n".join(lines).rstrip("\n")

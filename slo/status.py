@@ -17,18 +17,28 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from collector.vllm_families import families_for_indicator, missing_family_warning
 from slo.aggregate import sum_by
 from slo.anomaly import pool_anomalies
 from slo.burn_rate import evaluate_slo
 from slo.cost import pool_cost
-from slo.embedded import avg_aggregate
+from slo.embedded import EmbeddedSource, avg_aggregate
 from slo.lookup import SemanticsLike
 from slo.quantiles import model_quantiles
-from slo.sli import RequestLog, replica_label, vllm_matchers, vllm_up_matchers
+from slo.sli import (
+    REASON_NO_DATA,
+    REASON_NO_REQUEST_DATA,
+    REASON_NO_REQUESTS,
+    RequestLog,
+    replica_label,
+    vllm_matchers,
+    vllm_up_matchers,
+)
 from slo.source import Source
 from slo.spec import effective_slos
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
+    ENDPOINT_ALL,
     LABEL_INSTANCE,
     SERIES_UP,
     SOURCE_PROMETHEUS,
@@ -214,6 +224,33 @@ def pool_status(
     }
 
 
+#: The reasons of a null SLI computed from vLLM's metrics (not those of a per-endpoint SLI).
+_METRIC_REASONS = (REASON_NO_DATA, REASON_NO_REQUEST_DATA, REASON_NO_REQUESTS)
+
+
+def _explain_missing_inputs(slos: list[dict[str, Any]], source: Source) -> None:
+    """Add to the reason of each null SLI the family it needs that the pool's vLLM targets
+    lack, as the collector recorded it (with the vLLM version): an SLO over a renamed or
+    dropped metric says so rather than "no data", and one whose other replicas saw no
+    requests says that some replicas could not have been counted. The embedded store only: a
+    Prometheus keeps no such record."""
+    blank = [s for s in slos
+             if s.get("reason") in _METRIC_REASONS and s.get("endpoint") == ENDPOINT_ALL]
+    if not blank or not isinstance(source, EmbeddedSource):
+        return
+    health = source.store.target_health()
+    for slo in blank:
+        for family in families_for_indicator(slo["indicator"]):
+            found = [(h.target, w) for h in health if h.pool == slo["pool"]
+                     for w in [missing_family_warning(h, family.name)] if w is not None]
+            if found:
+                target, warning = found[0]
+                more = (f"; {len(found) - 1} more of the pool's vLLM targets lack it too"
+                        if len(found) > 1 else "")
+                slo["reason"] = f"{slo['reason']}: target {target}: {warning}{more}"
+                break
+
+
 def evaluate(
     config: Config,
     source: Source,
@@ -246,6 +283,7 @@ def evaluate(
         ).to_dict()
         for spec in effective_slos(config)
     ]
+    _explain_missing_inputs(slos, source)
     anomalies = [
         a for p in config.pools
         for a in pool_anomalies(source, config, p, at_s, request_log=request_log)

@@ -456,3 +456,24 @@ CACHE_BYPASS_REASONS = (
 CACHE_REFUSED_NOT_COMPLETE = "incomplete"
 CACHE_REFUSED_ERROR = "error"
 CACHE_REFUSED_TOOL_CALLS = "tool_calls"
+
+# --- vLLM names across releases (collector/vllm_families.py: the families a target lacks) ---
+#: The KV-cache configuration, an info-style gauge (=1) whose labels carry ``num_gpu_blocks``
+#: and ``block_size``; it has no ``model_name`` label.
+VLLM_CACHE_CONFIG_INFO = "vllm:cache_config_info"
+#: vLLM's API server answers ``GET /version`` with ``{"version": "0.32.0"}``; /metrics carries
+#: no version, so the collector asks here when a target lacks a family it needs.
+VLLM_VERSION_PATH = "/version"
+#: Names before a rename (tests/fixtures/vllm_metrics_reference.md, section 3): KV-cache
+#: usage and the prefix-cache counters were ``gpu_*`` before 0.9 (0.8's counters counted
+#: blocks), the inter-token histogram was ``time_per_output_token`` before 0.10.
+VLLM_OLD_GPU_CACHE_USAGE = "vllm:gpu_cache_usage_perc"
+VLLM_OLD_GPU_PREFIX_CACHE_QUERIES = "vllm:gpu_prefix_cache_queries_total"
+VLLM_OLD_GPU_PREFIX_CACHE_HITS = "vllm:gpu_prefix_cache_hits_total"
+VLLM_OLD_TIME_PER_OUTPUT_TOKEN = "vllm:time_per_output_token_seconds"
+#: Names only the V0 engine exposed (the default engine before vLLM 0.8): any of them in a
+#: scrape means a V0 server. The hit-rate gauge stood where V1 has the prefix-cache counters.
+VLLM_V0_GPU_PREFIX_CACHE_HIT_RATE = "vllm:gpu_prefix_cache_hit_rate"
+VLLM_V0_NUM_REQUESTS_SWAPPED = "vllm:num_requests_swapped"
+VLLM_V0_CPU_CACHE_USAGE = "vllm:cpu_cache_usage_perc"
+VLLM_V0_TIME_IN_QUEUE = "vllm:time_in_queue_requests"

@@ -69,7 +69,9 @@ class TargetHealth(NamedTuple):
     """The latest scrape of one target, as Prometheus's targets page shows it.
 
     ``last_scrape`` is Unix seconds (0 = never), ``duration`` seconds, ``samples`` the number of
-    samples the target exposed, ``error`` the failure reason ("" when up).
+    samples the target exposed, ``error`` the failure reason when down; when up, the scrape's
+    warnings, one per line ("" when none), such as a vLLM family Vigil reads that the
+    exposition lacks (``collector.vllm_families``).
     """
 
     target: str

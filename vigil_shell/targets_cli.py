@@ -2,10 +2,12 @@
 targets page.
 
 The discovery sources are read once (each file, URL and DNS name), so the list is what the
-collector would scrape now; the health columns come from the store when there is one. Exit
-code 0, 1 when a discovery source could not be read or skipped targets (each problem on
-stderr, naming the source), 2 for a bad config. ``--refresh`` keeps reading the sources on
-their intervals after the list and prints each change as it happens, until Ctrl-C.
+collector would scrape now; the health columns come from the store when there is one, and an
+up vLLM target whose /metrics lacks a family Vigil reads gets a ``warning:`` line per family
+under its row (``warnings`` in ``--json``). Exit code 0, 1 when a discovery source could not
+be read or skipped targets (each problem on stderr, naming the source), 2 for a bad config.
+``--refresh`` keeps reading the sources on their intervals after the list and prints each
+change as it happens, until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from collector.discovery import DiscoveredTarget, TargetChanges, TargetSet
+from collector.vllm_families import health_warnings
 from vigil.config import Config, load_config
 
 __all__ = ["run", "target_rows"]
@@ -82,7 +85,8 @@ def _open_if_ready(path: Path) -> Any:
 def target_rows(targets: dict[str, DiscoveredTarget], store: Any,
                 now: float) -> list[dict[str, Any]]:
     """One row per target: what it is, where it came from and, from ``store`` (or None),
-    its last scrape and the last hour's history (times in Unix seconds)."""
+    its last scrape (with its warnings: the vLLM families it lacked) and the last hour's
+    history (times in Unix seconds)."""
     health = {h.target: h for h in store.target_health()} if store else {}
     rows = []
     for name, dt in targets.items():
@@ -99,7 +103,9 @@ def target_rows(targets: dict[str, DiscoveredTarget], store: Any,
             "last_scrape": None if h is None else h.last_scrape,
             "last_duration_seconds": None if h is None else round(h.duration, 6),
             "samples": None if h is None else h.samples,
-            "last_error": None if h is None else h.error,
+            # Down: why. Up: "" (its warnings are listed apart: the scrape was stored).
+            "last_error": None if h is None else ("" if h.up else h.error),
+            "warnings": [] if h is None else health_warnings(h),
         }
         row.update(_history(store, name, now) if store and h else {
             "state_since": None, "up_ratio_1h": None, "down_scrapes_1h": None,
@@ -138,6 +144,8 @@ def _print_table(rows: list[dict[str, Any]], now: float) -> None:
             f"{since:<9} {ratio:>6} {started:<9} {last:<8} {dur:>7} {samples:>7}  {origin}  "
             f"{r['last_error'] or ''}".rstrip()
         )
+        for warning in r["warnings"]:
+            print(f"  warning: {warning}")
 
 
 def _report_errors(cfg: Config, errors: dict[str, str]) -> int:
