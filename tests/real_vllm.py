@@ -312,6 +312,9 @@ def server_env(cpu_bind: str | None = None) -> dict[str, str]:
            "TRANSFORMERS_OFFLINE": "1",
            "VLLM_NO_USAGE_STATS": "1",
            "DO_NOT_TRACK": "1",
+           # POST /reset_prefix_cache, so that a test compares two routing modes on the same
+           # requests from a cold cache; it adds development routes only.
+           "VLLM_SERVER_DEV_MODE": "1",
            "PYTHONUNBUFFERED": "1"}
     if cpu_bind is not None:
         # Which cores the engine's OpenMP threads run on; two servers on two cores take one

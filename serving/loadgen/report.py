@@ -124,6 +124,8 @@ def summarize(results: Iterable[RequestResult], elapsed_s: float, slo: Slo) -> d
         "tpot_seconds": percentiles([t for r in done if (t := r.tpot) is not None]),
         "itl_seconds": percentiles([g for r in done for g in r.itl]),
         "e2e_seconds": percentiles([r.e2e for r in done if r.e2e is not None]),
+        # Generated tokens per completed request, as the SLO engine's tokens per request.
+        "output_tokens": percentiles([float(r.output_tokens) for r in done]),
         "slo": {"ttft_seconds": slo.ttft, "e2e_seconds": slo.e2e},
         "good_requests": good,
         "goodput": good / elapsed,
