@@ -30,6 +30,8 @@ from vigil.conventions import HEADER_REQUEST_ID
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
 
+#: Outputs of one engine step reach the gateway together, within this (seconds).
+STEP_S = 0.05
 #: [gateway] default_max_tokens in these tests: small, so a request without max_tokens is quick.
 DEFAULT_MAX_TOKENS = 24
 
@@ -194,16 +196,21 @@ def test_premium_requests_overtake_waiting_batch_ones_in_vllms_queue(front: Fron
         found if set(batch_ids + premium_ids) <= set(found := {r.id: r for r in front.rows()})
         else None))
     first = {i: rows[i].start_s + rows[i].ttft_s for i in batch_ids + premium_ids}
-    # The batch requests still without a token when the premium ones were sent: those waiting
-    # in vLLM's queue (by the gateway's clock: when each first token left vLLM's server).
-    waiting = [i for i in batch_ids if first[i] > sent]
-    assert len(waiting) == seqs, [round(first[i] - sent, 2) for i in batch_ids]
+    # The batch requests still without a token when the last premium request reached the
+    # gateway: those waiting in vLLM's queue (all times by the gateway's clock; the client's
+    # own loop may pass them on a little late, so its send time is not the arrival).
+    arrived = max(rows[i].start_s for i in premium_ids)
+    waiting = [i for i in batch_ids if first[i] > arrived]
+    assert waiting, ("the first wave ended before the premium requests arrived",
+                     [round(first[i] - arrived, 2) for i in batch_ids])
     premium_wait = sorted(rows[i].ttft_s for i in premium_ids)
-    batch_wait = sorted(first[i] - sent for i in waiting)
+    batch_wait = sorted(first[i] - arrived for i in waiting)
     print(f"priority: premium TTFT {[round(w, 2) for w in premium_wait]} s; the batch "
           f"requests already waiting got their first token {[round(w, 2) for w in batch_wait]}"
-          f" s after the premium ones were sent")
+          f" s after the last premium one arrived ({arrived - sent:.2f} s after the send)")
     # vLLM's priority scheduler takes every premium request before the batch ones that were
-    # already waiting when the premium ones arrived.
-    assert max(first[i] for i in premium_ids) < min(first[i] for i in waiting)
+    # already waiting when the premium ones arrived: at the latest in the same engine step,
+    # whose outputs leave together (a step here takes 10-20 ms). Under FCFS the waiting batch
+    # requests would come a whole wave, seconds, earlier.
+    assert max(first[i] for i in premium_ids) <= min(first[i] for i in waiting) + STEP_S
 
