@@ -40,7 +40,7 @@ import httpx
 import pytest
 from conftest import in_ci
 from helpers import free_port
-from shared_gateways import toml_value
+from shared_gateways import toml_value, write_config
 
 from serving.vllm_args import build_command
 from vigil.config import load_config
@@ -51,8 +51,10 @@ __all__ = [
     "POOL",
     "VllmServer",
     "launch_config",
+    "monitored_config",
     "real_vllm_python",
     "require_real_vllm",
+    "run_vigil",
     "server_argv",
     "write_model",
 ]
@@ -177,6 +179,25 @@ def server_argv(python: Path, config: Path, model_dir: Path, port: int) -> list[
     if "--max-model-len" not in out:
         out += ["--max-model-len", str(MAX_MODEL_LEN)]
     return out
+
+
+def run_vigil(*args: str, timeout_s: float = 300.0) -> str:
+    """Run this checkout's ``vigil ARGS`` and return its stdout; AssertionError with its
+    output when it exits non-zero."""
+    proc = subprocess.run([sys.executable, "-m", "vigil_shell.cli", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
+    assert proc.returncode == 0, f"vigil {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def monitored_config(folder: Path, urls: list[str]) -> Path:
+    """``shared_gateways.write_config`` for the replicas ``urls`` (records in
+    ``folder/records.db``), with the sample store in ``folder/store.db``: a config that the
+    gateway, ``vigil collect`` and ``vigil slo status`` share."""
+    config = write_config(folder, folder / "records.db", urls)
+    with config.open("a") as f:
+        f.write(f'\n[store]\npath = "{folder / "store.db"}"\n')
+    return config
 
 
 #: The watchdog's program: argv[1] the process group to kill once its stdin closes, which only

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from real_vllm import MODEL, POOL, VLLM_VERSION, VllmServer, real_vllm  # noqa: F401
-from shared_gateways import write_config
+from real_vllm import MODEL, POOL, VLLM_VERSION, VllmServer, monitored_config, real_vllm, run_vigil  # noqa: F401
 from test_exposition import assert_identical
 
 from collector.exposition import parse
@@ -152,27 +149,19 @@ def test_the_live_body_keeps_the_invariants_the_simulator_keeps(
     assert invariant_violations(text, at_rest=float(running.group(1)) == 0) == []
 
 
-def _vigil(*args: str, timeout: float = 120.0) -> str:
-    proc = subprocess.run([sys.executable, "-m", "vigil_shell.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout, check=False)
-    assert proc.returncode == 0, f"vigil {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
-
 
 def test_collector_targets_status_and_cost_on_the_real_engine(
         real_vllm: VllmServer, tmp_path: Path) -> None:  # noqa: F811
-    config = write_config(tmp_path, tmp_path / "records.db", [real_vllm.url])
-    with config.open("a") as f:
-        f.write(f'\n[store]\npath = "{tmp_path / "store.db"}"\n')
-    _vigil("collect", "--config", str(config), "--once")
+    config = monitored_config(tmp_path, [real_vllm.url])
+    run_vigil("collect", "--config", str(config), "--once")
     _complete(real_vllm.url, 4, max_tokens=16)
     time.sleep(1.0)  # two scrapes a second apart: increase() needs two samples
-    _vigil("collect", "--config", str(config), "--once")
-    targets = json.loads(_vigil("targets", "--config", str(config), "--json"))
+    run_vigil("collect", "--config", str(config), "--once")
+    targets = json.loads(run_vigil("targets", "--config", str(config), "--json"))
     (target,) = targets["targets"]
     assert target["up"] is True and target["last_error"] == "", target
     assert target["samples"] > 300, target
-    status = json.loads(_vigil("slo", "status", "--config", str(config), "--json",
+    status = json.loads(run_vigil("slo", "status", "--config", str(config), "--json",
                                "--window", "5m"))
     chat = status["pools"][POOL]
     model = chat["models"][MODEL]

@@ -10,8 +10,6 @@ must stay whole (PromQL's counter-reset rule), never negative.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 from helpers import wait_for
-from real_vllm import MODEL, POOL, VllmServer, real_vllm  # noqa: F401
-from shared_gateways import running_gateways, write_config
+from real_vllm import MODEL, POOL, VllmServer, monitored_config, real_vllm, run_vigil  # noqa: F401
+from shared_gateways import running_gateways
 from test_gateway_support import STANDARD
 
 from collector.request_log import GatewayRecords
@@ -30,12 +28,6 @@ pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
 
-
-def _vigil(*args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "vigil_shell.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, f"vigil {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
 
 
 def _complete(url: str, n: int) -> None:
@@ -49,12 +41,10 @@ def _complete(url: str, n: int) -> None:
 
 def test_an_engine_killed_mid_stream_then_restarted(real_vllm: VllmServer,  # noqa: F811
                                                     tmp_path: Path) -> None:
-    config = write_config(tmp_path, tmp_path / "records.db", [real_vllm.url])
-    with config.open("a") as f:
-        f.write(f'\n[store]\npath = "{tmp_path / "store.db"}"\n')
+    config = monitored_config(tmp_path, [real_vllm.url])
     with running_gateways(config, 1) as (gateway,):
         _complete(gateway.url, 3)
-        _vigil("collect", "--config", str(config), "--once")
+        run_vigil("collect", "--config", str(config), "--once")
         before = total(sample_values(real_vllm.metrics()), "vllm:request_success_total")
         assert before >= 3
 
@@ -106,8 +96,8 @@ def test_an_engine_killed_mid_stream_then_restarted(real_vllm: VllmServer,  # no
         assert broken[-1].error_class not in ("", "client_cancel"), broken[-1]
 
         # Down: the collector records the target down, with why.
-        _vigil("collect", "--config", str(config), "--once")
-        (down,) = json.loads(_vigil("targets", "--config", str(config), "--json"))["targets"]
+        run_vigil("collect", "--config", str(config), "--once")
+        (down,) = json.loads(run_vigil("targets", "--config", str(config), "--json"))["targets"]
         assert down["up"] is False and down["last_error"], down
 
         # Back: every counter starts from zero again.
@@ -116,13 +106,13 @@ def test_an_engine_killed_mid_stream_then_restarted(real_vllm: VllmServer,  # no
         wait_for("the replica back in routing", lambda: (
             h := gateway.health()) is not None and h["pools"][POOL]["healthy_replicas"] == 1,
                  timeout_s=30)
-        _vigil("collect", "--config", str(config), "--once")
+        run_vigil("collect", "--config", str(config), "--once")
         _complete(gateway.url, 4)
         after = total(sample_values(real_vllm.metrics()), "vllm:request_success_total")
         assert after == 4, "the restarted engine's counter counts from zero again"
-        _vigil("collect", "--config", str(config), "--once")
+        run_vigil("collect", "--config", str(config), "--once")
 
-    status = json.loads(_vigil("slo", "status", "--config", str(config), "--json",
+    status = json.loads(run_vigil("slo", "status", "--config", str(config), "--json",
                                "--window", "10m"))
     cost = status["pools"][POOL]["cost"]
     # Across the reset: the 4 requests after it (PromQL's rule: a drop is a restart from zero),

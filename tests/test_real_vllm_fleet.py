@@ -14,14 +14,20 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from real_vllm import MODEL, POOL, VllmServer, real_vllm, real_vllm_pair  # noqa: F401
+from real_vllm import (  # noqa: F401
+    MODEL,
+    POOL,
+    VllmServer,
+    monitored_config,
+    real_vllm,
+    real_vllm_pair,
+    run_vigil,
+)
 from shared_gateways import running_gateways, write_config
 from test_gateway_support import STANDARD
 
@@ -110,22 +116,14 @@ def test_prefix_aware_routing_raises_vllms_own_prefix_cache_hit_rate(
     assert rates["prefix_aware"] > rates["least_outstanding"] + 0.05, rates
 
 
-def _vigil(*args: str, timeout: float = 300.0) -> str:
-    proc = subprocess.run([sys.executable, "-m", "vigil_shell.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout, check=False)
-    assert proc.returncode == 0, f"vigil {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
-
 
 def test_slo_status_percentiles_equal_the_load_generators_own(
         real_vllm: VllmServer, tmp_path: Path) -> None:  # noqa: F811
-    config = write_config(tmp_path, tmp_path / "records.db", [real_vllm.url])
-    with config.open("a") as f:
-        f.write(f'\n[store]\npath = "{tmp_path / "store.db"}"\n')
+    config = monitored_config(tmp_path, [real_vllm.url])
     with running_gateways(config, 1) as (gateway,):
         started = time.time()
-        _vigil("collect", "--config", str(config), "--once")
-        report = json.loads(_vigil(
+        run_vigil("collect", "--config", str(config), "--once")
+        report = json.loads(run_vigil(
             "loadgen", "--url", gateway.url, "--model", MODEL, "--key", f"standard={STANDARD}",
             # Streamed, as a TTFT benchmark is: the gateway sees no first token of an answer
             # that is not streamed, so mixed traffic takes its TTFT from vLLM's histogram.
@@ -133,11 +131,11 @@ def test_slo_status_percentiles_equal_the_load_generators_own(
             "--num-requests", "60", "--seed", "7",
             "--max-tokens", "16,32,64", "--no-max-tokens-share", "0", "--long-share", "0",
             "--faq-share", "0", "--json", "--quiet"))
-        _vigil("collect", "--config", str(config), "--once")
+        run_vigil("collect", "--config", str(config), "--once")
         at = time.time()
     # The window spans the two scrapes exactly: vLLM's counts are then increase() between two
     # samples at its edges, with nothing extrapolated, and the records are the same requests.
-    status = json.loads(_vigil("slo", "status", "--config", str(config), "--json",
+    status = json.loads(run_vigil("slo", "status", "--config", str(config), "--json",
                                "--at", f"{at:.3f}", "--window", f"{at - started:.3f}s"))
     model = status["pools"][POOL]["models"][MODEL]
     quantiles, tokens = model["quantiles"], model["tokens_per_request"]
