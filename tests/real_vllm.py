@@ -203,12 +203,10 @@ def monitored_config(folder: Path, urls: list[str]) -> Path:
 #: The watchdog's program: argv[1] the process group to kill once its stdin closes, which only
 #: the test process holds open, so a killed test run does not leave an engine running.
 _WATCHDOG = """
-import os, signal, sys
+import contextlib, os, signal, sys
 sys.stdin.buffer.read()
-try:
+with contextlib.suppress(ProcessLookupError):
     os.killpg(int(sys.argv[1]), signal.SIGKILL)
-except ProcessLookupError:
-    pass
 """
 
 

@@ -26,8 +26,6 @@ from serving.sim.testing import sample_values, total
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 
 def _complete(url: str, n: int) -> None:

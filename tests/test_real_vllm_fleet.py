@@ -35,8 +35,6 @@ from serving.sim.testing import sample_values, total
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parent.parent
-
 _WORDS = ("kernel", "budget", "latency", "replica", "tenant", "contract", "invoice", "policy",
           "schedule", "summary", "customer", "ticket", "refund", "account", "shipment", "order")
 
