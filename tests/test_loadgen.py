@@ -207,6 +207,33 @@ def test_api_keys_carry_the_tier_and_without_them_the_priority_does(
     assert all(auth is None for auth, _ in seen())
 
 
+def test_with_keys_only_the_keyed_tiers_are_sent(http_server: LoopbackServer,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # The default mix is premium 0.2 / standard 0.6 / batch 0.2; a gateway answers 401 to a
+    # request without a key, so one key means one tier.
+    http_server.respond = lambda _: (200, "application/json", _COMPLETION)
+    args = _args("--url", http_server.url, "--model", MODEL, "--key", "premium=k-prem",
+                 "--num-requests", "15", "--rate", "200", "--stream-share", "0", "--quiet")
+    assert loadgen.run(args) == 0
+    auths = [r.headers.get("authorization") for r in http_server.recorded()]
+    assert len(auths) == 15 and set(auths) == {"Bearer k-prem"}
+    # Two keys keep the default mix's shares between them (0.2 : 0.2 here).
+    wl = loadgen.keyed_workload(Workload(), {"premium": "a", "batch": "b"}, explicit_mix=False)
+    assert wl.tiers == {"premium": 0.2, "batch": 0.2}
+    # A mix the user asked for is not changed behind their back: refused, with the fix.
+    capsys.readouterr()
+    assert loadgen.run(_args("--url", http_server.url, "--model", MODEL, "--key", "premium=k",
+                             "--tier-mix", "premium=0.5,standard=0.5")) == 2
+    err = capsys.readouterr().err
+    assert "--tier-mix sends standard requests but --key gives no key for it" in err
+    assert "--key standard=KEY" in err
+    # Keys for every tier of the mix, or no keys at all: the mix as asked.
+    assert loadgen.keyed_workload(Workload(), {}, explicit_mix=False) == Workload()
+    both = Workload(tiers={"premium": 0.5, "batch": 0.5})
+    assert loadgen.keyed_workload(both, {"premium": "a", "batch": "b"},
+                                  explicit_mix=True) == both
+
+
 def test_bad_options_exit_2_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
     assert loadgen.run(_args("--url", "ftp://x", "--model", "m")) == 2
     assert loadgen.run(_args("--url", "http://x", "--model", "m", "--key", "gold=abc")) == 2

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import signal
 import sys
@@ -23,8 +24,8 @@ from serving.loadgen.workload import SCENARIOS, TIERS, Workload
 from vigil.cli_options import add_config_option, add_json_option, duration_arg
 from vigil.config import SloDefaults
 
-__all__ = ["RequestResult", "Slo", "Workload", "add_arguments", "generate", "run",
-           "workload_from_args"]
+__all__ = ["RequestResult", "Slo", "Workload", "add_arguments", "generate", "keyed_workload",
+           "run", "workload_from_args"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,8 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", choices=sorted(SCENARIOS), default="steady",
                    help="a preset of the options below (explicit options win)")
     p.add_argument("--key", action="append", default=[], metavar="TIER=KEY",
-                   help="API key to send for a tier (the gateway maps keys to tiers); "
-                        "without keys, requests carry vLLM's `priority` for their tier")
+                   help="API key to send for a tier (the gateway maps keys to tiers); with "
+                        "keys, only the keyed tiers are sent; without keys, requests carry "
+                        "vLLM's `priority` for their tier")
     g = p.add_argument_group("timing")
     g.add_argument("--rate", type=float, help="arrivals per second (default 2)")
     g.add_argument("--shape", choices=("steady", "ramp", "diurnal", "burst"),
@@ -133,6 +135,31 @@ def _keys(pairs: list[str]) -> dict[str, str]:
     return keys
 
 
+def keyed_workload(wl: Workload, keys: dict[str, str], *, explicit_mix: bool) -> Workload:
+    """The workload ``wl`` sent with ``keys`` (tier -> API key).
+
+    A gateway answers a request without a key 401, so with keys given only keyed tiers are
+    sent: the tier mix (a scenario's or the default) keeps the keyed tiers' shares. A mix the
+    user gave (``explicit_mix``) that sends a tier without a key is refused, naming it.
+    Without keys every tier is sent, carrying vLLM's ``priority`` (straight to vLLM)."""
+    if not keys:
+        return wl
+    mix = wl.tiers or {"standard": 1.0}
+    unkeyed = sorted(t for t, share in mix.items() if share > 0 and t not in keys)
+    if not unkeyed:
+        return wl
+    if explicit_mix:
+        raise ValueError(f"--tier-mix sends {', '.join(unkeyed)} requests but --key gives no "
+                         f"key for {'it' if len(unkeyed) == 1 else 'them'} (the gateway would "
+                         f"answer 401): add --key {unkeyed[0]}=KEY or leave "
+                         f"{'it' if len(unkeyed) == 1 else 'them'} out of --tier-mix")
+    kept = {t: share for t, share in mix.items() if t in keys and share > 0}
+    if not kept:
+        # The default mix has no share for the keyed tiers: send them evenly.
+        kept = dict.fromkeys(keys, 1.0)
+    return dataclasses.replace(wl, tiers=kept)
+
+
 def _slo(args: argparse.Namespace) -> Slo:
     """The goodput thresholds (seconds): the options, else ``--config``'s ``[slo_defaults]``,
     else the defaults of ``SloDefaults``."""
@@ -157,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         wl = workload_from_args(args)
         keys = _keys(args.key)
+        wl = keyed_workload(wl, keys, explicit_mix=bool(args.tier_mix))
         slo = _slo(args)
     except ValueError as exc:
         print(f"vigil loadgen: error: {exc}", file=sys.stderr)
