@@ -155,7 +155,10 @@ def _sweep(url: str, slos: list[SloTarget], capacity: CapacityConfig) -> list[Pr
 def measured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """One ``vigil capacity --save --json`` run and one independent sweep, on one replica."""
     tmp = tmp_path_factory.mktemp("capacity")
-    cfg = _config(tmp)
+    # 60 requests a probe at least: request lengths are drawn within ±50 % of 6 output
+    # tokens, so a level's goodput moves with its sample's mean length (about ±5 % on 60
+    # requests, ±8 % on 20), and the search and the sweep draw different samples.
+    cfg = _config(tmp, min_requests=60)
     with replica(FAST) as url:
         out = _run_cli(["capacity", "--url", url, "--config", str(cfg), "--pool", "chat",
                         "--prompt-tokens", str(PROMPT_TOKENS), "--output-tokens",
@@ -224,6 +227,29 @@ def test_save_then_list_round_trip(measured: dict) -> None:
     row = table.splitlines()[2]
     assert row.startswith(saved[0].key) and "measured" in row and "L4" in row
     assert "chat" in row and f"{saved[0].max_goodput_rps:.2f}" in row and "s ago" in row
+
+
+def test_a_probe_spends_few_requests_far_from_the_knee_and_runs_on_near_it() -> None:
+    # One request alone takes ~0.17 s on FAST: far within 5 s, but past half of 0.3 s.
+    capacity = CapacityConfig(probe_duration=0.5, min_probe_requests=40,
+                              max_probe_requests=300, clear_margin=0.5,
+                              clear_probe_requests=20)
+    far = [SloTarget("e2e", "e2e", 5.0, 0.9)]
+    near = [SloTarget("e2e", "e2e", 0.3, 0.9)]
+
+    async def go(url: str) -> tuple[Probe, Probe]:
+        async with httpx.AsyncClient(timeout=60, trust_env=False) as client:
+            probes = [await run_probe(url, MODEL, 1, prompt_tokens=PROMPT_TOKENS,
+                                      output_tokens=OUTPUT_TOKENS, api_key=None, slos=slos,
+                                      capacity=capacity, client=client)
+                      for slos in (far, near)]
+        return probes[0], probes[1]
+
+    with replica(FAST) as url:
+        clear, close = asyncio.run(go(url))
+    assert clear.passed and clear.requests == 20 and clear.errors == 0
+    assert clear.e2e_s["p99"] is not None and clear.e2e_s["p99"] < 2.5
+    assert close.requests >= 40  # the interval decides it, on min_probe_requests at least
 
 
 def test_a_replica_too_slow_for_the_slo_exits_1_and_says_so(tmp_path: Path) -> None:

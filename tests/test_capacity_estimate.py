@@ -129,3 +129,20 @@ def test_configurations_outside_the_calibrations_are_refused(identity: ProfileId
 def test_an_unknown_profile_name_is_refused() -> None:
     with pytest.raises(ConfigError, match="unknown simulator profile"):
         estimated_capacity(IDENTITY, [E2E], CAPACITY, sim_profile="b200-huge")
+
+
+def test_the_margin_rule_saves_simulated_requests_and_finds_the_same_capacity() -> None:
+    # A TTFT SLO the low levels meet with a wide margin; the e2e one binds near the knee.
+    slos = [SloTarget("ttft", "ttft", 0.5, 0.95), SloTarget("e2e", "e2e", 10.0, 0.95)]
+    shape = dataclasses.replace(IDENTITY, prompt_tokens=1000, output_tokens=200)
+    with_margin = estimated_capacity(shape, slos, CapacityConfig())
+    without = estimated_capacity(shape, slos, CapacityConfig(clear_margin=0.0))
+    assert with_margin.max_concurrency == without.max_concurrency
+    spent = {name: (sum(p.requests for p in prof.probes),
+                    sum(p.duration_s for p in prof.probes))
+             for name, prof in (("margin", with_margin), ("interval", without))}
+    # Levels 1-8 pass on the margin with about 20 requests each instead of 100-150.
+    assert spent["margin"][0] < 0.8 * spent["interval"][0], spent
+    assert spent["margin"][1] < 0.5 * spent["interval"][1], spent
+    low = [p for p in with_margin.probes if p.concurrency <= 8]
+    assert low and all(p.passed and p.requests < 40 for p in low), low

@@ -773,7 +773,14 @@ class CapacityConfig(_Section):
     precision: Annotated[float, Field(gt=0.0, le=0.5)] = 0.10
     #: Confidence level 0-1 of each probe's attainment interval (Wilson score).
     confidence: Annotated[float, Field(ge=0.5, lt=1.0)] = 0.95
-    #: Each probe runs at least this long (seconds) and sends at least min_probe_requests...
+    #: A probe whose every request succeeded within this fraction 0-1 of each SLO threshold
+    #: passes after clear_probe_requests requests, whatever its duration; it takes the latency
+    #: tail to grow less than 1 / clear_margin past the worst of them (docs/capacity.md, "The
+    #: latency margin"). 0 turns the rule off.
+    clear_margin: Ratio = 0.5
+    clear_probe_requests: int = Field(default=20, ge=10)
+    #: Any other probe runs at least this long (seconds) and sends at least
+    #: min_probe_requests...
     probe_duration: Duration = 20.0
     min_probe_requests: int = Field(default=100, ge=10)
     #: ...and is extended until its interval is resolved, up to this many requests.
@@ -789,6 +796,9 @@ class CapacityConfig(_Section):
     def _check(self) -> CapacityConfig:
         if self.max_probe_requests < self.min_probe_requests:
             raise ValueError("max_probe_requests must be at least min_probe_requests")
+        if self.clear_margin >= 1.0:
+            # At 1 the rule would pass any small sample of good requests: no margin at all.
+            raise ValueError("clear_margin must be less than 1 (a share of the threshold)")
         if self.probe_duration <= 0:
             raise ValueError("probe_duration must be more than 0 seconds")
         if self.plan_step < 60:

@@ -2,22 +2,30 @@
 
 ``run_probe`` keeps exactly ``concurrency`` streamed chat completions in flight (a closed
 loop: each client sends its next request the moment the previous one ends), timing each with
-``client.send_one`` as ``vigil loadgen`` and ``vllm bench serve`` time theirs. Every request has
-the same shape: a prompt of about ``prompt_tokens`` tokens that shares no prefix with the others
-(so neither a prefix cache nor the gateway's cache makes it cheaper than real traffic) and
-exactly ``output_tokens`` generated tokens (``max_tokens`` with vLLM's ``ignore_eos``).
+``client.send_one`` as ``vigil loadgen`` and ``vllm bench serve`` time theirs. Each request has
+a prompt that shares no prefix with the others (so neither a prefix cache nor the gateway's
+cache makes it cheaper than real traffic) and generates exactly its ``max_tokens`` (vLLM's
+``ignore_eos``); both lengths are drawn uniformly within ±50 % of ``prompt_tokens`` and
+``output_tokens`` (``slo.capacity_search.RANGE_RATIO``, ``vllm bench serve``'s
+``--random-range-ratio 0.5``), so that the loop does not stay in lock step.
 
-What is measured, and why:
+What is measured, and why (which requests count and when the probe ends is decided by
+``slo.capacity_search.ProbeWindow``, pure, so that its rules are tested on synthetic outcomes):
 
 * The first ``concurrency`` requests are a warm-up and are not counted: they start together
   on an idle server, which real steady load never does.
-* The measured window opens with the first request after the warm-up and stays open for at
-  least ``[capacity] probe_duration`` and ``min_probe_requests`` requests; while the requests
-  finished so far leave the verdict unresolved (``slo.capacity_search.judge``), it is extended
-  by chunks, up to ``max_probe_requests``.
+* The measured window opens with the first request after the warm-up. A level whose every
+  request is far within each SLO's threshold (``[capacity] clear_margin``) closes it after
+  ``clear_probe_requests`` requests, whatever the time (judged in send order, as far as every
+  request has finished: the first to finish are the fast ones). Any other level runs at least
+  ``probe_duration`` and ``min_probe_requests`` requests, and while the requests finished so
+  far leave its attainment interval unresolved it is extended by chunks, up to
+  ``max_probe_requests``.
 * When the window closes, the load goes on: the clients keep sending (uncounted) requests
   until every counted one has finished, so the last counted requests run at the same load as
   the others and none is cut short (no truncation bias). Then the uncounted ones are cancelled.
+  Should a counted request still in flight when the margin closed the window be slower than
+  the margin allows, the window opens again and the level is measured as any other.
 * Rates come from Little's law, exact for a closed loop without think time: ``concurrency``
   slots are always busy, so the counted requests took ``sum(slot time) / concurrency``
   seconds of the run (``Probe.duration_s``), whatever the phase of the clients. Counting
@@ -30,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +47,13 @@ import httpx
 from serving.loadgen.client import send_one
 from serving.loadgen.report import RequestResult
 from serving.loadgen.workload import PlannedRequest
-from slo.capacity_search import RequestOutcome, judge, probe_from_outcomes
+from slo.capacity_search import (
+    Margin,
+    ProbeWindow,
+    RequestOutcome,
+    probe_from_outcomes,
+    probe_length,
+)
 from vigil.capacity import Probe, SloTarget
 from vigil.config import CapacityConfig
 
@@ -63,7 +76,10 @@ def probe_request(model: str, prompt_tokens: int, output_tokens: int, index: int
                   rng: random.Random) -> PlannedRequest:
     """The ``index``-th request of a probe: a streamed chat completion of about
     ``prompt_tokens`` prompt tokens (the count opens the text, so no two requests share a
-    cacheable prefix) asking for exactly ``output_tokens`` tokens."""
+    cacheable prefix) asking for exactly ``output_tokens`` tokens, both drawn within
+    ``RANGE_RATIO`` of the given means (``slo.capacity_search.probe_length``)."""
+    prompt_tokens = probe_length(prompt_tokens, rng)
+    output_tokens = probe_length(output_tokens, rng)
     want = max(1, prompt_tokens - _TEMPLATE_TOKENS) * _CHARS_PER_TOKEN
     parts = [f"{index}:{rng.getrandbits(32):08x}"]
     size = len(parts[0])
@@ -109,60 +125,32 @@ async def run_probe(base_url: str, model: str, concurrency: int, *, prompt_token
         base = base[:-3]
     keys = {_TIER: api_key} if api_key else {}
     rng = random.Random(f"{seed}:{concurrency}")
-    cap = capacity.max_probe_requests
-    chunk = max(concurrency, math.ceil(capacity.min_probe_requests / 2))
-    target = capacity.min_probe_requests
-    # (send time, result) of every counted request, in send order
-    measured: list[tuple[float, RequestResult]] = []
-    busy = [0.0]  # seconds of slot time the counted requests took
-    done: list[RequestOutcome] = []  # the counted requests finished so far
+    window = ProbeWindow(slos, capacity, concurrency)
+    errors: list[str] = []  # the counted requests' errors
     sent = 0
-    closed = False
     all_done = asyncio.Event()
-
-    def close() -> None:
-        nonlocal closed
-        closed = True
-        if len(done) == len(measured):
-            all_done.set()
-
-    def counted(now: float) -> bool:
-        """Whether the request about to be sent now is counted; closes the window."""
-        nonlocal target
-        if sent < concurrency or closed:
-            return False
-        n = len(measured)
-        if n >= cap:
-            close()
-            return False
-        if n < target or now - measured[0][0] < capacity.probe_duration:
-            return True
-        if len(done) < capacity.min_probe_requests or (
-                judge(done, slos, capacity.confidence).verdict == "unresolved"):
-            target = min(cap, n + chunk)
-            if n < target:
-                return True
-        close()
-        return False
 
     async def worker() -> None:
         nonlocal sent
         while True:
-            now = clock()
-            mine = counted(now)
+            index = window.admit(clock())
+            if window.done:
+                # Closed on this send with every counted request finished (at concurrency 1,
+                # say): nothing is left to wait for.
+                all_done.set()
+                return
             req = probe_request(model, prompt_tokens, output_tokens, sent, rng)
             sent += 1
             result = RequestResult(tier=_TIER, kind="normal", stream=True)
-            if mine:
-                measured.append((now, result))
             await send_one(client, base, req, keys, result, clock)
             if result.error:
                 # A server refusing at once would otherwise be hit in a tight loop.
                 await asyncio.sleep(0.01)
-            if mine:
-                busy[0] += clock() - now
-                done.append(outcome_of(result))
-                if closed and len(done) == len(measured):
+            if index is not None:
+                if result.error:
+                    errors.append(result.error)
+                window.finish(index, outcome_of(result), clock())
+                if window.done:
                     all_done.set()
 
     tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
@@ -177,9 +165,9 @@ async def run_probe(base_url: str, model: str, concurrency: int, *, prompt_token
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         waiter.cancel()
-    errors = [r.error for _, r in measured if r.error]
+    outcomes = window.outcomes
     if errors:
         log.warning("probe at concurrency %d: %d of %d requests failed (first: %s)",
-                    concurrency, len(errors), len(measured), errors[0])
-    return probe_from_outcomes(concurrency, [outcome_of(r) for _, r in measured],
-                               busy[0] / concurrency, slos, capacity.confidence)
+                    concurrency, len(errors), len(outcomes), errors[0])
+    return probe_from_outcomes(concurrency, outcomes, window.duration_s, slos,
+                               capacity.confidence, Margin.of(capacity))

@@ -14,13 +14,14 @@ steady load. The engine is stepped on
 the virtual clock ``serving.sim.virtual.run_virtual`` uses (each step moves the clock by its
 modelled duration), so a whole search takes a second or two of CPU however long it "runs".
 
-A probe measures as a live one does (``[capacity]``): the first ``concurrency`` requests all
-arrive at once and are left out (the burst is not the steady state); then it runs at least
-``probe_duration`` of virtual time and ``min_probe_requests`` requests, and is extended, up to
-``max_probe_requests`` but never past ``VIRTUAL_EXTENSION`` times ``min_probe_requests``
-(CPU time: a probe near the knee would otherwise simulate thousands of requests), while its
-judgement (``slo.capacity_search.judge``) is unresolved. One still unresolved there is decided
-on its point estimate, as a live probe at its request limit is, and the notes say so.
+A probe measures as a live one does, by the same rules (``slo.capacity_search.ProbeWindow``,
+``[capacity]``): the first ``concurrency`` requests all arrive at once and are left out (the
+burst is not the steady state); a level far within the thresholds passes on the latency
+margin; any other runs at least ``probe_duration`` of virtual time and ``min_probe_requests``
+requests, and is extended while its judgement is unresolved, up to ``max_probe_requests`` but
+never past ``VIRTUAL_EXTENSION`` times ``min_probe_requests`` (CPU time: a probe near the knee
+would otherwise simulate thousands of requests). One still unresolved there is decided on its
+point estimate, as a live probe at its request limit is, and the notes say so.
 
 The result has basis ``"estimated"`` and says so: the simulator's step-time model is a
 calibration of orders of magnitude (``serving.sim.profiles``), not a measurement. Only
@@ -41,9 +42,12 @@ from serving.sim.profiles import DEFAULT_MODEL, PROFILES, Profile
 from serving.sim.request import EngineRequest
 from serving.sim.text import Prompt
 from slo.capacity_search import (
+    RANGE_RATIO,
+    Margin,
+    ProbeWindow,
     RequestOutcome,
-    judge,
     probe_from_outcomes,
+    probe_length,
     profile_from_search,
     search_sync,
 )
@@ -70,12 +74,8 @@ DEFAULT_OUTPUT_TOKENS = 200
 #: Profiles slowed down on purpose for laptop demos: no calibration of a real GPU, chosen
 #: only by name (``sim_profile``).
 DEMO_PROFILES = frozenset({"small"})
-#: Request lengths are uniform within this ratio either side of the identity's means.
-RANGE_RATIO = 0.5
 #: A simulated probe stops extending at this many times ``min_probe_requests``.
 VIRTUAL_EXTENSION = 4
-#: How much a probe's request count grows while its judgement is unresolved (ratio).
-_EXTEND = 1.5
 
 
 def known_calibrations() -> list[tuple[str, str]]:
@@ -138,38 +138,41 @@ def simulate_probe(profile: Profile, identity: ProfileIdentity, concurrency: int
                    slos: Sequence[SloTarget], capacity: CapacityConfig, *,
                    seed: int = 0) -> Probe:
     """One closed-loop probe of ``concurrency`` requests in flight on a virtual-time engine
-    with ``profile``'s calibration (module docs); the identity's shape must be set."""
+    with ``profile``'s calibration (module docs); the identity's shape must be set.
+
+    Which requests count and when the probe ends is ``slo.capacity_search.ProbeWindow``'s
+    decision, as for a live probe; only the request cap is lower (``VIRTUAL_EXTENSION``)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, not {concurrency!r}")
     engine = Engine(_engine_config(profile, identity, seed))
     rng = random.Random(seed)
+    most = min(capacity.max_probe_requests, VIRTUAL_EXTENSION * capacity.min_probe_requests)
+    window = ProbeWindow(slos, capacity.model_copy(update={"max_probe_requests": most}),
+                         concurrency)
+    counted: dict[str, int] = {}  # request id -> its index among the counted requests
     sent = 0
-
-    def draw(mean: int) -> int:
-        return rng.randint(max(1, math.floor(mean * (1 - RANGE_RATIO))),
-                           max(1, math.ceil(mean * (1 + RANGE_RATIO))))
 
     def send(now: float) -> None:
         nonlocal sent
-        n = draw(identity.prompt_tokens)
+        n = probe_length(identity.prompt_tokens, rng)
         # Random block hashes: no two prompts share a cached prefix.
         prompt = Prompt(num_tokens=n,
                         block_hashes=tuple(rng.getrandbits(64)
                                            for _ in range(n // profile.block_size)),
                         digest=rng.getrandbits(64))
-        engine.add_request(f"p{sent}", prompt, max_tokens=draw(identity.output_tokens),
+        request_id = f"p{sent}"
+        index = window.admit(now)
+        if index is not None:
+            counted[request_id] = index
+        engine.add_request(request_id, prompt,
+                           max_tokens=probe_length(identity.output_tokens, rng),
                            now=now, ignore_eos=True)
         sent += 1
 
     for _ in range(concurrency):
         send(0.0)
     now = 0.0
-    finished = 0
-    start: float | None = None  # when the first wave has drained
-    outcomes: list[RequestOutcome] = []
-    target = capacity.min_probe_requests
-    most = min(capacity.max_probe_requests, VIRTUAL_EXTENSION * capacity.min_probe_requests)
-    while True:
+    while not window.done:
         stepped = engine.step(now)
         if stepped is None:  # a closed loop always has requests; defensive only
             break
@@ -177,20 +180,14 @@ def simulate_probe(profile: Profile, identity: ProfileIdentity, concurrency: int
         for out in outputs:
             if not out.finished:
                 continue
-            finished += 1
-            if finished == concurrency:
-                start = now
-            elif start is not None and out.req.arrival_time >= start:
-                outcomes.append(_outcome(out.req))
-            send(now)
-        if (start is not None and len(outcomes) >= target
-                and now - start >= capacity.probe_duration):
-            if (len(outcomes) >= most
-                    or judge(outcomes, slos, capacity.confidence).verdict != "unresolved"):
+            index = counted.pop(out.req.request_id, None)
+            if index is not None:
+                window.finish(index, _outcome(out.req), now)
+            if window.done:
                 break
-            target = min(most, math.ceil(len(outcomes) * _EXTEND))
-    duration = now - start if start is not None else now
-    return probe_from_outcomes(concurrency, outcomes, duration, slos, capacity.confidence)
+            send(now)
+    return probe_from_outcomes(concurrency, window.outcomes, window.duration_s, slos,
+                               capacity.confidence, Margin.of(capacity))
 
 
 def estimated_capacity(identity: ProfileIdentity, slos: Sequence[SloTarget],
