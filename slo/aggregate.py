@@ -54,7 +54,7 @@ SeriesData = (
 def _unpack(data: SeriesData) -> tuple[Sequence[int] | npt.NDArray[np.integer], Values,
                                        BoolArray | None]:
     if len(data) == 3:
-        return data[0], data[1], data[2]  # type: ignore[misc]
+        return data[0], data[1], data[2]
     return data[0], data[1], None
 
 

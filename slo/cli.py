@@ -22,7 +22,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from slo.quantiles import QUANTILE_SOURCES, quantile_range, seconds_bucket_text
 from slo.sli import RequestLog
@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @contextlib.contextmanager
 def open_source(config: Config, config_file: str, *, prometheus_url: str = "",
-                semantics: str | None = None) -> Iterator[Source]:
+                semantics: Literal["auto", "2", "3"] | None = None) -> Iterator[Source]:
     """The configured ``Source``: a Prometheus API when a URL is given (flag or
     ``[engine] prometheus_url``), else the embedded store opened read-only."""
     sem = semantics or config.engine.promql_semantics
@@ -121,10 +121,12 @@ def request_log(config: Config) -> RequestLog | None:
     return GatewayRecords(target)
 
 
-def embedded_semantics(value: str) -> str:
+def embedded_semantics(value: str) -> Literal["2", "3"]:
     """The rules the embedded engine follows for a configured ``promql_semantics``: "auto"
     means Prometheus 3's (there is no server to follow)."""
-    return "3" if value == "auto" else value
+    if value not in ("auto", "2", "3"):
+        raise ValueError(f"promql_semantics must be auto, 2 or 3, not {value!r}")
+    return "2" if value == "2" else "3"
 
 
 def run(args: argparse.Namespace, *, clock: Clock = system_clock,
@@ -195,8 +197,7 @@ def _quantile(block: dict[str, Any], key: str, spec: Callable[[float], str],
 def _origin(blocks: list[dict[str, Any]]) -> str:
     """``gateway`` when every figure of the line is from the records, ``histogram`` when none
     is, ``mixed`` otherwise."""
-    sources = {b.get("source") for b in blocks if b}
-    sources.discard(None)
+    sources: set[str] = {b["source"] for b in blocks if b and b.get("source") is not None}
     if not sources:
         return _NULL
     return sources.pop() if len(sources) == 1 else "mixed"

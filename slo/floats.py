@@ -29,7 +29,7 @@ def go_round(x: float) -> float:
     if math.isnan(x) or math.isinf(x):
         return x
     a = abs(x)
-    r = math.floor(a)
+    r = float(math.floor(a))
     # a - floor(a) is exact for every float, so the tie test is exact too.
     if a - r >= 0.5:
         r += 1.0

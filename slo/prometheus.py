@@ -54,7 +54,8 @@ from typing import Any
 
 import requests
 import urllib3
-from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
 # One definition of the (le, count) regrouping for both sources: the same `le` parsing and
@@ -186,7 +187,7 @@ class PrometheusSource:
         self._client = PrometheusConnect(
             url=self.url,
             session=session,
-            timeout=self.timeout_s,  # type: ignore[arg-type]  # requests takes a float
+            timeout=self.timeout_s,
             # The library's default retries 3 times with backoff on 5xx and refused
             # connections: seconds of waiting before a dead server is reported. read=False:
             # urllib3 re-raises a read timeout as such (not as "max retries exceeded").

@@ -59,11 +59,14 @@ def replay_decisions(
     proportional rule; or a ``CapacitySizing`` to see what another capacity would have done."""
     times = list(at) if at is not None else replay_times(start_s, end_s, step_s)
     step = config.collector.scrape_interval  # as slo.status passes it
-    if capacity == "saved":
+    sizing: CapacitySizing | None
+    if isinstance(capacity, str):  # "saved"
         from slo.status import pool_capacity
 
-        capacity = pool_capacity(config, pool)[1]
-    kwargs = {} if capacity is None else {"capacity": capacity}
+        sizing = pool_capacity(config, pool)[1]
+    else:
+        sizing = capacity
+    kwargs = {} if sizing is None else {"capacity": sizing}
     return [(t, recommend_for_pool(source, config, pool, t, step_s=step, **kwargs))
             for t in times]
 

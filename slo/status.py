@@ -101,7 +101,7 @@ def _recommender() -> Callable[..., Any] | None:
             if exc.name not in _SCALING_MODULES:
                 raise  # a genuine import error inside those modules must not be hidden
             continue
-        recommend = getattr(module, "recommend_for_pool", None)
+        recommend: Callable[..., Any] | None = getattr(module, "recommend_for_pool", None)
         if callable(recommend):
             return recommend
     return None
@@ -288,7 +288,7 @@ def evaluate(
         a for p in config.pools
         for a in pool_anomalies(source, config, p, at_s, request_log=request_log)
     ]
-    return json_safe({
+    status: dict[str, Any] = json_safe({
         "at": at_s,
         "source": source_kind(source),
         "promql_semantics": source.semantics.value,
@@ -297,3 +297,4 @@ def evaluate(
         "slos": slos,
         "anomalies": anomalies,
     })
+    return status

@@ -49,6 +49,8 @@ def die_with_parent() -> None:
 def spawn(cmd: Sequence[str], *, env: Mapping[str, str] | None = None,
           **popen_kwargs: object) -> subprocess.Popen[bytes]:
     """Start ``cmd`` in a session of its own that dies with this process (see the module)."""
+    # ignore: Popen's overloads pick the output type from text/encoding keywords, which
+    # **popen_kwargs hides; callers never pass them, so the pipes are bytes.
     return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
         list(cmd), env=env, start_new_session=True, preexec_fn=die_with_parent,
         **popen_kwargs)

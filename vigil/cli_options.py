@@ -115,8 +115,9 @@ def add_deprecated_alias(p: Container, flag: str, *, dest: str, replacement: str
     """A hidden old spelling ``flag`` of an option, storing into ``dest``; using it prints
     "``flag`` is deprecated; use ``replacement``" on stderr (not a warning: scripts that call
     the command keep working, and the person reading its output learns the new name)."""
+    extra: dict[str, Any] = {} if type is None else {"type": type}
     p.add_argument(flag, dest=dest, action=_DeprecatedAlias, replacement=replacement,
-                   type=type, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+                   default=argparse.SUPPRESS, help=argparse.SUPPRESS, **extra)
 
 
 def add_prometheus_url_option(p: Container, *, default: str | None = None,

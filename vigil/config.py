@@ -748,7 +748,8 @@ class GatewayConfig(_Section):
 
     def tier(self, name: str) -> TierConfig:
         """The policy of tier ``name``."""
-        return getattr(self.tiers, name)
+        tier: TierConfig = getattr(self.tiers, name)
+        return tier
 
 
 class DashboardConfig(_Section):

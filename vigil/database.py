@@ -139,7 +139,8 @@ POSTGRESQL = Dialect("postgresql")
 
 
 class Cursor(Protocol):
-    rowcount: int
+    @property
+    def rowcount(self) -> int: ...
 
     def fetchall(self) -> list[Any]: ...
 
@@ -151,9 +152,10 @@ class Cursor(Protocol):
 class Connection(Protocol):
     """What ``transaction()`` and ``snapshot()`` yield on either database."""
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor: ...
+    # Positional-only, as sqlite3 declares them (psycopg also takes them by name).
+    def execute(self, sql: str, params: Sequence[Any] = (), /) -> Cursor: ...
 
-    def executemany(self, sql: str, seq: Sequence[Sequence[Any]]) -> Any: ...
+    def executemany(self, sql: str, seq: Sequence[Sequence[Any]], /) -> Any: ...
 
 
 class SqlDatabase(Protocol):

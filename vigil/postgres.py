@@ -187,7 +187,7 @@ def _recording_connection_class() -> Any:
     """A psycopg ``Connection`` class of one pool that keeps the reason its latest connection
     attempt failed (``last_error``, "" after a success), for the pool only says it timed out."""
 
-    class RecordingConnection(psycopg.Connection):  # type: ignore[type-arg]
+    class RecordingConnection(psycopg.Connection):
         last_error = ""
 
         @classmethod

@@ -272,6 +272,8 @@ def parse_selector(text: str) -> Selector:
             except re.error as exc:
                 raise SelectorError(f"invalid regular expression {value!r} for {name}: "
                                     f"{exc}") from None
+        # ignore: op is one of the four operators (the scan above matched it), which mypy
+        # cannot narrow a str slice to.
         matchers.append(LabelMatcher(name, op, value))  # type: ignore[arg-type]
         i = _skip_space(body, i)
         if i < len(body):

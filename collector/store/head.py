@@ -130,10 +130,9 @@ class WriteHead:
         new: dict[SeriesKey, str] = {}
         with self.transaction() as conn:
             try:
-                for key, family_type, ts, value in points:
+                for key, family_type, ts, number in points:
                     # NaN is the only value unequal to itself (None == None): store it as text.
-                    if value != value:
-                        value = NAN_TEXT
+                    value: float | str | None = NAN_TEXT if number != number else number
                     entry = ids.get(key)
                     if entry is not None and entry[1] == family_type:
                         append((entry[0], ts, value))

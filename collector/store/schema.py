@@ -142,7 +142,8 @@ def open_database(path: Path, *, readonly: bool) -> tuple[Database, int]:
 
 
 def _is_empty(conn: sqlite3.Connection) -> bool:
-    return conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] == 0
+    count: int = conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]
+    return count == 0
 
 
 def _refuse_foreign(conn: sqlite3.Connection, path: Path, readonly: bool) -> None:

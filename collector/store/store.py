@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from collector.store.compaction import CompactionReport, Compactor
 from collector.store.head import WriteHead
-from collector.store.reads import Reader
+from collector.store.reads import Reader, StoreMatchers
 from collector.store.rollup import CounterWindow, GaugeWindow
 from collector.store.schema import K_BACKFILL, K_WATERMARK, open_database, read_meta
 from vigil.clock import Clock, system_clock
@@ -150,7 +150,7 @@ class Store:
         return self._reader.metric_names()
 
     def series(
-        self, name: str | None = None, matchers: Mapping[str, str] | None = None
+        self, name: str | None = None, matchers: StoreMatchers = None
     ) -> list[tuple[SeriesKey, str]]:
         """``(key, family type)`` of every series of ``name`` (all names if None) matching the
         equality ``matchers`` (a ``""`` value matches series without that label), sorted."""
@@ -159,7 +159,7 @@ class Store:
     def points(
         self,
         name: str,
-        matchers: Mapping[str, str] | None = None,
+        matchers: StoreMatchers = None,
         start_ms: int | None = None,
         end_ms: int | None = None,
     ) -> dict[SeriesKey, list[Point]]:
@@ -170,7 +170,7 @@ class Store:
     def last_points(
         self,
         name: str,
-        matchers: Mapping[str, str] | None = None,
+        matchers: StoreMatchers = None,
         at_ms: int | None = None,
         *,
         lookback_ms: int | None = None,
@@ -184,7 +184,7 @@ class Store:
     def frame(
         self,
         name: str,
-        matchers: Mapping[str, str] | None = None,
+        matchers: StoreMatchers = None,
         start_ms: int | None = None,
         end_ms: int | None = None,
     ) -> pandas.DataFrame:
@@ -200,7 +200,7 @@ class Store:
     def counter_windows(
         self,
         name: str,
-        matchers: Mapping[str, str] | None,
+        matchers: StoreMatchers,
         start_ms: int,
         end_ms: int,
     ) -> dict[SeriesKey, CounterWindow] | None:
@@ -221,7 +221,7 @@ class Store:
     def gauge_windows(
         self,
         name: str,
-        matchers: Mapping[str, str] | None,
+        matchers: StoreMatchers,
         start_ms: int,
         end_ms: int,
     ) -> dict[SeriesKey, GaugeWindow] | None:
