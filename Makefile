@@ -8,17 +8,36 @@ STAMP  := $(VENV)/.vigil-installed
 # apt-get needs root; use sudo when we are not root and sudo exists.
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint venv vllm-venv prometheus alertmanager chromium postgresql bench clean
+.PHONY: demo test test-fast lint venv vllm-venv prometheus alertmanager chromium postgresql bench clean
 
 demo: venv
 	$(BIN)/vigil demo
 
+# The suite in two parts. Most tests wait on servers (Prometheus, PostgreSQL, Chromium,
+# simulated replicas), not on the CPU, so they run in $(WORKERS) pytest-xdist workers, a
+# module's tests in one worker so that its servers start once (--dist loadscope). Tests that
+# measure latency against a bound or hold a scrape deadline (marker serial), and those that
+# load real vLLM (marker real_vllm, a CPU engine that needs the machine to itself), run
+# after, one at a time.
+WORKERS ?= 4
+PARALLEL := -n $(WORKERS) --dist loadscope
+
 test: venv vllm-venv prometheus alertmanager chromium postgresql
 	$(BIN)/ruff check --no-cache .
-	$(BIN)/pytest
+	$(BIN)/mypy
+	$(BIN)/pytest $(PARALLEL) -m "not serial and not real_vllm" --durations=25
+	$(BIN)/pytest -m "serial or real_vllm" --durations=15
+
+# The inner loop while changing code: lint, then every test that takes less than a few
+# seconds, in parallel (no real vLLM, no browser, no long real-time scenarios); about a minute.
+test-fast: venv
+	$(BIN)/ruff check --no-cache .
+	$(BIN)/mypy
+	$(BIN)/pytest $(PARALLEL) -m "not slow and not serial and not real_vllm"
 
 lint: venv
 	$(BIN)/ruff check --no-cache .
+	$(BIN)/mypy
 
 bench: venv
 	$(BIN)/python bench/parse_bench.py

@@ -18,6 +18,8 @@ from collections.abc import Iterator, Sequence
 import pytest
 from helpers import LoopbackServer
 
+from serving.sim.testing import PORTS_ENV
+
 __all__ = ["in_ci", "require_binary"]
 
 #: program name -> the command that installs it, for every program a test asked for in vain.
@@ -59,6 +61,27 @@ def pytest_configure(config: pytest.Config) -> None:
     folder = tempfile.mkdtemp(prefix="vigil-test-cache-")
     config.stash[_CACHE_KEY] = (folder, os.environ.get("XDG_CACHE_HOME"))
     os.environ["XDG_CACHE_HOME"] = folder
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        # A worker inherits the controller's environment, so its own slice must replace it.
+        os.environ[PORTS_ENV] = worker_ports()
+    else:
+        os.environ.setdefault(PORTS_ENV, worker_ports())
+
+
+#: The ports the tests' servers use (``serving.sim.testing.PORTS_ENV``): below the kernel's
+#: ephemeral range, where no outgoing connection's local port can fall, cut into one slice per
+#: pytest-xdist worker so that no two workers hand out the same port.
+TEST_PORTS = (12000, 31999)
+PORTS_PER_WORKER = 2000
+
+
+def worker_ports() -> str:
+    """This process's slice of ``TEST_PORTS`` as ``low-high`` (worker ``gwN``, N-th slice)."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(name[2:]) if name[:2] == "gw" and name[2:].isdigit() else 0
+    slices = (TEST_PORTS[1] - TEST_PORTS[0] + 1) // PORTS_PER_WORKER
+    low = TEST_PORTS[0] + (index % slices) * PORTS_PER_WORKER
+    return f"{low}-{low + PORTS_PER_WORKER - 1}"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

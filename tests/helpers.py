@@ -9,7 +9,6 @@ is shut down at teardown; ``serve_http`` is the same as a context manager.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -19,6 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
+from serving.sim.testing import free_port_block
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 #: ``serve_forever``'s poll interval (seconds): ``shutdown()`` waits up to this long.
@@ -26,10 +27,10 @@ POLL_INTERVAL_S = 0.02
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1, free now, for a server that a test starts itself or passes to
+    a program on its command line (which cannot report a port it bound to 0). Under pytest it
+    comes from this worker's own range (``conftest.py`` sets ``VIGIL_TEST_PORTS``)."""
+    return free_port_block(1)
 
 
 T = TypeVar("T")

@@ -421,6 +421,8 @@ def test_the_queue_survives_a_database_outage(
     assert sent == {"q0": ["a"], "q1": ["a"], "q2": ["a"]}  # q1 was not sent again
 
 
+# Serial: it bounds how long a call into the event loop takes (1 s), beside no other test.
+@pytest.mark.serial
 def test_a_slow_database_does_not_block_the_event_loop(loop: LoopThread, tmp_path: Path
                                                        ) -> None:
     path = tmp_path / "gw.db"

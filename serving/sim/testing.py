@@ -31,6 +31,7 @@ from vigil.conventions import SIM_DCGM_PATH
 
 __all__ = [
     "PER_REQUEST_HISTOGRAMS",
+    "PORTS_ENV",
     "FleetHandle",
     "free_port_block",
     "invariant_violations",
@@ -43,26 +44,70 @@ _T = TypeVar("_T")
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+#: ``VIGIL_TEST_PORTS=low-high``: the ports ``free_port_block`` may hand out (inclusive).
+#: Vigil's test suite gives each parallel worker a range of its own below the kernel's
+#: ephemeral range (32768-60999 by default), so that neither another worker nor the local end
+#: of any outgoing connection can take a port between the check and the server's bind. Unset,
+#: the kernel picks the block (bind to port 0).
+PORTS_ENV = "VIGIL_TEST_PORTS"
+
+_cursor: dict[str, int] = {}  # range -> the next port to try in it
+_cursor_lock = threading.Lock()
+
+
+def _bindable(ports: range, host: str) -> bool:
+    socks: list[socket.socket] = []
+    try:
+        for p in ports:
+            s = socket.socket()
+            socks.append(s)
+            s.bind((host, p))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _block_in_range(n: int, host: str, span: str) -> int:
+    """A block of ``n`` free ports in ``span`` (``low-high``), handed out in turn so that a
+    port is not given again before the rest of the range has been."""
+    try:
+        low, high = (int(x) for x in span.split("-"))
+    except ValueError:
+        raise ValueError(f"{PORTS_ENV}={span!r}: expected low-high, e.g. 20000-21999"
+                         ) from None
+    if not 0 < low <= high - n + 1 <= 65535 - n + 1:
+        raise ValueError(f"{PORTS_ENV}={span!r} has no block of {n} ports")
+    size = high - low + 1
+    with _cursor_lock:
+        # Start at a pid-dependent place: a run right after another does not meet the
+        # earlier run's ports still in TIME_WAIT.
+        at = _cursor.get(span, low + os.getpid() % size)
+        for _ in range(size):
+            base = at if at + n - 1 <= high else low
+            at = base + n if base + n <= high else low
+            if _bindable(range(base, base + n), host):
+                _cursor[span] = at
+                return base
+    raise RuntimeError(f"no block of {n} free ports in {PORTS_ENV}={span}")
+
+
 def free_port_block(n: int, host: str = "127.0.0.1") -> int:
-    """A port ``p`` such that ``p .. p+n-1`` are free right now."""
+    """A port ``p`` such that ``p .. p+n-1`` are free right now (from ``VIGIL_TEST_PORTS``
+    when it is set)."""
+    span = os.environ.get(PORTS_ENV)
+    if span:
+        return _block_in_range(n, host, span)
     for _ in range(100):
         with socket.socket() as probe:
             probe.bind((host, 0))
             base = probe.getsockname()[1]
         if base + n > 65535:
             continue
-        socks: list[socket.socket] = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind((host, p))
+        if _bindable(range(base, base + n), host):
             return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
     raise RuntimeError(f"no block of {n} free ports found")
 
 
