@@ -6,7 +6,9 @@ requests, each mode from cold caches (``POST /reset_prefix_cache``), by vLLM's o
 ``vllm:prefix_cache_hits`` / ``vllm:prefix_cache_queries``. The trust test runs ``vigil
 loadgen`` through the gateway for a minute and holds ``vigil slo status``'s output-token
 figures equal to the load generator's, and its TTFT and e2e percentiles at or below the
-client's (the gateway cannot see the client's side of the hop), printing every difference.
+client's (the gateway cannot see the client's side of the hop) and within 5 % of them plus
+that hop, printing every difference. The engine runs on a core of its own
+(``real_vllm._cores``): sharing both cores, it delayed the client's reading by up to 0.2 s.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ from test_gateway_support import STANDARD
 from serving.sim.testing import sample_values, total
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
+
+#: What a client sees beyond the gateway's clock (seconds): one loopback hop, and the client's
+#: event loop parsing the chunk; measured 2-6 ms at p50-p99 on TTFTs of 15-45 ms.
+HOP_S = 0.010
 
 _WORDS = ("kernel", "budget", "latency", "replica", "tenant", "contract", "invoice", "policy",
           "schedule", "summary", "customer", "ticket", "refund", "account", "shipment", "order")
@@ -159,6 +165,7 @@ def test_slo_status_percentiles_equal_the_load_generators_own(
         else:
             # The gateway's clock starts when its handler runs and stops when vLLM's chunk
             # arrives: a client, which also waits for the connection, the request's parsing
-            # and its own reading, can only see more. On two cores shared by the client, the
-            # gateway and the engine the gap reaches ~0.2 s at p95 (docs/real-vllm.md).
-            assert 0 < ours_v <= theirs_v * 1.02, what
+            # and its own reading, can only see more, by one loopback hop and a Python event
+            # loop at each end (HOP_S). Beyond that, within 5 %.
+            assert 0 < ours_v <= theirs_v, what
+            assert theirs_v - ours_v <= 0.05 * theirs_v + HOP_S, (what, figures)
