@@ -32,7 +32,7 @@ ScalingRecommendationChanged    ticket    a pool's recommendation is not ``hold`
 ==============================  ========  ===============================================
 
 The severities of KvCacheUsageHigh and TargetDown are those of the Prometheus rules that
-`vigil rules prometheus` writes (alerts/rules_alerts.py), so both paths page alike.
+`vigil rules prometheus` writes (alerts/rules/alerting.py), so both paths page alike.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alerts.model import Alert
-from slo.burn_rate import status_burn_alerts
+from slo.objectives.burn_rate import status_burn_alerts
 from vigil.config import Config
 from vigil.conventions import (
     ALERT_ERROR_BUDGET_BURN,
@@ -130,7 +130,7 @@ def _burn_alerts(config: Config, status: Mapping[str, Any]) -> list[_Candidate]:
             if slo.get("alerts") else []
         for severity in dict.fromkeys(slo.get("alerts") or []):
             # The rows of this severity that fire: both windows strictly above the SLO's
-            # factor, as slo.burn_rate decides; they give the numbers of the description.
+            # factor, as slo.objectives.burn_rate decides; they give the numbers of the description.
             rows = []
             for r in table:
                 if r.severity != severity:

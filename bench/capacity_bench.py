@@ -6,7 +6,7 @@ Run: ``.venv/bin/python bench/capacity_bench.py [--cases fast,wide] [--probe-dur
 For each case a simulated replica with its own calibration runs in a child process (so the
 client and the server do not share one interpreter), and on it:
 
-1. the search ``vigil capacity`` runs (``slo.capacity_search.search`` over
+1. the search ``vigil capacity`` runs (``slo.planning.capacity_search.search`` over
    ``serving.loadgen.probe.run_probe``): its wall time, probes and requests;
 2. an independent sweep of fixed concurrencies with the same probes, not the search: up from 8
    in steps of 2 until one fails, then down one by one until one passes; the true SLO-limited
@@ -40,7 +40,7 @@ import httpx  # noqa: E402
 
 from serving.loadgen.probe import run_probe  # noqa: E402
 from serving.sim.profiles import Profile  # noqa: E402
-from slo.capacity_search import search  # noqa: E402
+from slo.planning.capacity_search import search  # noqa: E402
 from vigil.capacity import Probe, SloTarget  # noqa: E402
 from vigil.config import CapacityConfig  # noqa: E402
 

@@ -10,7 +10,7 @@ Run: ``.venv/bin/python bench/plan_bench.py [--profile small] [--low 4] [--peak 
 2. Replays a day whose arrival rate follows a cosine from ``--low`` requests/s at midnight to
    ``--peak`` at noon through both policies (``replay_policies``: 15 s ticks, 3 min spin-up,
    the ``[scaling]`` defaults), and computes the lower bound ``ceil(λ/μ)`` per 15-minute step
-   (``slo.waste``'s definition).
+   (``slo.cost.waste``'s definition).
 3. Prints a Markdown table: GPU-hours, their ratio to the lower bound (the target for the
    capacity-sized policy: at most 1.15 with every SLO met), SLO attainment, replica changes,
    and the CPU seconds of the whole replay. Exits 1 when the capacity-sized policy misses

@@ -45,8 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from collector.store import SCHEMA_VERSION, Store  # noqa: E402
-from slo.embedded import EmbeddedSource  # noqa: E402
-from slo.prometheus import PrometheusSource  # noqa: E402
+from slo.sources.embedded import EmbeddedSource  # noqa: E402
+from slo.sources.prometheus import PrometheusSource  # noqa: E402
 from slo.status import evaluate  # noqa: E402
 from vigil.config import Config, parse_config  # noqa: E402
 from vigil.model import SeriesKey, labels_of  # noqa: E402

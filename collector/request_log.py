@@ -17,8 +17,8 @@ split until the rows it refuses are alone: those are dropped, logged with their 
 reason, and counted in ``rejected``; the others are written. Otherwise records are lost only
 when the buffer is full, the oldest first, counted in ``dropped``.
 
-``GatewayRecords`` implements ``slo.sli.RequestLog`` over the same database: SQLite opened
-read-only per read (the file is in WAL mode, so readers never block the writer, nor the batch
+``GatewayRecords`` implements ``slo.sources.protocol.RequestLog`` over the same database: SQLite
+opened read-only per read (the file is in WAL mode, so readers never block the writer, nor the batch
 queue that shares the file), PostgreSQL through one small pool.
 
 The gateway decides what a record says (``serving.gateway.pipeline``); this module only keeps
@@ -488,7 +488,7 @@ class RecordWriter:
 
 
 class GatewayRecords:
-    """The records, read-only: ``slo.sli.RequestLog`` and a few queries.
+    """The records, read-only: ``slo.sources.protocol.RequestLog`` and a few queries.
 
     ``target`` is the SQLite file or the PostgreSQL URL. On SQLite each read opens the file and
     closes it again (a missing file or table means no records yet), so one instance may serve
@@ -573,7 +573,7 @@ class GatewayRecords:
         return _record(found[0]) if found else None
 
     def records(self, pool: str, at_s: float, window_s: float) -> Iterable[RequestRecord]:
-        """``slo.sli.RequestLog``: the pool's requests that finished in
+        """``slo.sources.protocol.RequestLog``: the pool's requests that finished in
         ``(at_s - window_s, at_s]`` (Unix seconds)."""
         return [RequestRecord(
             id=r.id, ts_s=r.ts_s, pool=r.pool, model=r.model, endpoint=r.endpoint,

@@ -19,8 +19,8 @@ from typing import Any
 
 from alerts.conditions import ConditionState, evaluate_conditions
 from alerts.notifier import read_status
-from slo.signals import kv_usage_by_pool_replica
-from slo.source import Source
+from slo.scaling.signals import kv_usage_by_pool_replica
+from slo.sources.protocol import Source
 from vigil.config import Config
 from vigil.conventions import (
     ANNOTATION_SUMMARY,
@@ -74,7 +74,7 @@ def evaluated_alerts(config: Config, status: Mapping[str, Any], source: Source, 
                      ) -> list[dict[str, Any]]:
     """The alert conditions of `vigil serve` evaluated once over ``status`` at ``at_s``, with
     each replica's KV-cache usage read as `vigil serve` reads it (through the pool's selector
-    in a Prometheus, ``slo.signals.kv_usage_by_pool_replica``)."""
+    in a Prometheus, ``slo.scaling.signals.kv_usage_by_pool_replica``)."""
     kv: dict[tuple[str, str], float] = {}
     for pool in config.pools:
         kv.update(kv_usage_by_pool_replica(source, pool, at_s))

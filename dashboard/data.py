@@ -1,6 +1,6 @@
 """Cached access to the SLO engine for the pages: the config, the source, the status, series.
 
-* The config and the ``Source`` (``slo.cli.open_source``: the embedded store read-only, or
+* The config and the ``Source`` (``slo.sources.open.open_source``: the embedded store read-only, or
   Prometheus when ``[engine] prometheus_url`` is set) are resources (``st.cache_resource``),
   shared by every session and keyed by the config file's path and modification time, so an
   edited config is picked up. A store that does not exist yet is not cached: it is looked for
@@ -31,11 +31,10 @@ import streamlit as st
 
 from dashboard import alerts_view, gateway_data, status_view, timeseries
 from dashboard.controls import View
-from slo.anomaly import pool_anomalies
-from slo.cli import open_source
-from slo.sli import RequestLog
-from slo.source import Source
-from slo.spec import SloSpec, effective_slos
+from slo.objectives.anomaly import pool_anomalies
+from slo.objectives.spec import SloSpec, effective_slos
+from slo.sources.open import open_source
+from slo.sources.protocol import RequestLog, Source
 from slo.status import evaluate
 from vigil.clock import Clock, system_clock
 from vigil.config import Config, PoolConfig, load_config

@@ -4,7 +4,7 @@ A cost figure needs two things: GPU time (from ``up``: a scrape writes it, and s
 backfill unless ingested with ``--no-up``) and something to divide it by (finished requests,
 generated tokens). A chart with no point says which of the two the range lacks, so that "no
 request finished" is never shown beside a table of finished requests. Pure functions of the
-engine's ``cost`` blocks (see ``slo.cost.pool_cost``).
+engine's ``cost`` blocks (see ``slo.cost.pool.pool_cost``).
 
 ``has_dcgm`` says whether a pool can have DCGM series at all, for the Server page's GPU chart.
 """
@@ -110,7 +110,8 @@ def tier_gap(tiers: Iterable[Mapping[str, Mapping[str, Any]] | None]) -> str:
     if any((v.get("requests") or 0) > 0 for b in blocks for v in b.values()):
         return f"The gateway recorded tiered requests, but there is {NO_UP}."
     # Only cancelled, timed-out or cached requests: a tier's cost per 1000 counts the ones a
-    # replica finished (``slo.cost``), so there is nothing to divide by, though there was traffic.
+    # replica finished (``slo.cost.pool``), so there is nothing to divide by, though there was
+    # traffic.
     if any((v.get(k) or 0) > 0 for b in blocks for v in b.values()
            for k in ("cancelled", "timed_out", "cache_hits")):
         return ("The gateway recorded tiered requests, but a replica finished none of them "

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from slo.quantiles import SOURCE_GATEWAY, quantile_range, seconds_bucket_text
+from slo.objectives.quantiles import SOURCE_GATEWAY, quantile_range, seconds_bucket_text
 from vigil.durations import format_duration
 
 __all__ = [
@@ -120,8 +120,8 @@ def timestamp(value: float | None) -> str:
 
 def seconds_range(lo: float, hi: float) -> str:
     """A histogram bucket of seconds: ``(0, 0.3]`` -> ``"≤ 300 ms"``, ``(0.1, 0.25]`` ->
-    ``"100–250 ms"``, ``(1, 2.5]`` -> ``"1–2.5 s"`` (``slo.quantiles.seconds_bucket_text``,
-    which ``vigil slo status`` prints too)."""
+    ``"100–250 ms"``, ``(1, 2.5]`` -> ``"1–2.5 s"``
+    (``slo.objectives.quantiles.seconds_bucket_text``, which ``vigil slo status`` prints too)."""
     return seconds_bucket_text(lo, hi)
 
 
@@ -138,8 +138,8 @@ def tokens_range(lo: float, hi: float) -> str:
 def quantile(block: Mapping[str, Any] | None, key: str, unit: str = "seconds") -> str:
     """One figure of an engine quantile block (``quantiles.ttft_seconds``, ``"p95"``; ``unit``
     ``"seconds"`` or ``"tokens"``): the number, or the histogram bucket that holds it when the
-    bucket is wider than a third of the number (``slo.quantiles.quantile_range``), since the
-    number is then an interpolation, not a measurement."""
+    bucket is wider than a third of the number (``slo.objectives.quantiles.quantile_range``), since
+    the number is then an interpolation, not a measurement."""
     found = quantile_range(block, key)
     if found is not None:
         return seconds_range(*found) if unit == "seconds" else tokens_range(*found)

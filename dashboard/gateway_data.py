@@ -2,9 +2,9 @@
 
 vLLM's metrics know nothing of tenants, tiers, the semantic cache or timeouts seen by clients;
 the gateway (``vigil gateway``) records every request it handled in ``[gateway] records_path``
-(or the ``[gateway] database`` several gateways share), read through ``slo.sli.RequestLog``
-(``collector.request_log.GatewayRecords``). Without them there is simply no gateway data:
-every function here is then never called and the pages say how to get it.
+(or the ``[gateway] database`` several gateways share), read through
+``slo.sources.protocol.RequestLog`` (``collector.request_log.GatewayRecords``). Without them there
+is simply no gateway data: every function here is then never called and the pages say how to get it.
 
 The sums below (cost, savings, counts per tier or error class) are over records as stored;
 ``cost_usd`` is the request's attributed share of its replica's GPU time (busy time only: idle
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from collector.request_log import GatewayRecords
-from slo.cost import tier_costs
-from slo.sli import RequestLog
+from slo.cost.pool import tier_costs
+from slo.sources.protocol import RequestLog
 from vigil.config import Config
 from vigil.conventions import ANOMALY_REQUEST
 from vigil.model import RequestRecord

@@ -1,7 +1,8 @@
 """What the Plan page shows, computed by plain functions: the saved capacity profiles, the
-traffic forecast from the store's history, the plan (``slo.plan.plan``: today's configuration
-beside the cheapest one that meets the SLOs), the waste over the range (``slo.waste.waste``)
-and a replay of the scaling policy (``slo.replay.replay_decisions``).
+traffic forecast from the store's history, the plan (``slo.planning.plan.plan``: today's
+configuration beside the cheapest one that meets the SLOs), the waste over the range
+(``slo.cost.waste.waste``) and a replay of the scaling policy
+(``slo.planning.replay.replay_decisions``).
 
 Every missing piece is named with its cause (``PlanPage.profiles_note`` and the like), so that
 the page never draws an empty chart that reads as "nothing is needed". The page caches
@@ -17,12 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from dashboard.empty_states import no_up
-from slo.forecast import SECONDS_PER_DAY, TrafficForecast, forecast_from_history
-from slo.plan import CandidatePlan, PlanResult, current_identity, plan
-from slo.plan_candidates import gather_candidates
-from slo.profile_store import ProfileStore
-from slo.source import Source
-from slo.waste import WasteResult, waste
+from slo.cost.waste import WasteResult, waste
+from slo.planning.candidates import gather_candidates
+from slo.planning.forecast import SECONDS_PER_DAY, TrafficForecast, forecast_from_history
+from slo.planning.plan import CandidatePlan, PlanResult, current_identity, plan
+from slo.planning.profile_store import ProfileStore
+from slo.sources.protocol import Source
 from vigil.capacity import CapacityProfile
 from vigil.config import Config, PoolConfig
 from vigil.conventions import VLLM_REQUEST_SUCCESS
@@ -103,7 +104,7 @@ def _capacity_command(config_path: str, pool: PoolConfig) -> str:
 def _profiles(config: Config, config_path: str, pool: PoolConfig, source: Source,
               at_s: float, days: int) -> tuple[list[CapacityProfile], list[str], str | None]:
     """``(candidates, notes, empty-state note)``: the very candidates ``vigil plan`` compares
-    (``slo.plan_candidates``: saved, observed over the ``days`` read, estimated)."""
+    (``slo.planning.candidates``: saved, observed over the ``days`` read, estimated)."""
     from serving.sim import capacity_estimate
 
     path = config.capacity_profiles_path()
@@ -209,13 +210,13 @@ class ReplaySummary:
 
 def replay_summary(source: Source, config: Config, pool: PoolConfig, start_s: float,
                    end_s: float, *, max_points: int = MAX_REPLAY_POINTS) -> ReplaySummary | None:
-    """``slo.replay.replay_decisions`` over ``[start_s, end_s]`` at a step of at least
+    """``slo.planning.replay.replay_decisions`` over ``[start_s, end_s]`` at a step of at least
     ``[capacity] plan_step``, widened so that at most ``max_points`` are evaluated; None
-    while ``slo.replay`` is not installed."""
+    while ``slo.planning.replay`` is not installed."""
     try:
-        from slo.replay import decision_counts, replay_decisions
+        from slo.planning.replay import decision_counts, replay_decisions
     except ImportError as exc:
-        if exc.name != "slo.replay":
+        if exc.name != "slo.planning.replay":
             raise
         return None
     step = float(config.capacity.plan_step)

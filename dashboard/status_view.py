@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dashboard.format import duration, percent, seconds
-from slo.embedded import EmbeddedSource
-from slo.source import Source, is_external, matchers_of
+from slo.sources.embedded import EmbeddedSource
+from slo.sources.protocol import Source, is_external, matchers_of
 from vigil.config import Config
 from vigil.conventions import (
     ENDPOINT_ALL,
@@ -105,7 +105,7 @@ class ScalingView:
 
 def scaling_view(scaling: Mapping[str, Any] | None, now_s: float) -> ScalingView | None:
     """The ``pools.<pool>.scaling`` block as a ``ScalingView``; ``None`` when the engine gave
-    none (``slo.signals`` absent)."""
+    none (``slo.scaling.signals`` absent)."""
     if not scaling:
         return None
     at = scaling.get("next_decision_at")

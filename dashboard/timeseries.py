@@ -17,7 +17,7 @@ points cover the range without gaps. ``first_sample`` tells how young the store 
 controls to fit the default range to its data.
 
 A ``pool`` is its ``PoolConfig`` (the pages pass it), whose series are chosen as the engine
-chooses them (``slo.sli.pool_series``: the pool's ``selector`` / ``dcgm_selector`` in a
+chooses them (``slo.objectives.sli.pool_series``: the pool's ``selector`` / ``dcgm_selector`` in a
 Prometheus, Vigil's ``pool``/``kind`` labels in the store), or its name (Vigil's labels).
 
 Units: times Unix seconds, windows seconds, latencies seconds, ratios 0-1, costs USD.
@@ -29,15 +29,15 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
-from slo.burn_rate import burn_rate
-from slo.cost import pool_cost
-from slo.embedded import EmbeddedSource
-from slo.quantile import Bucket, histogram_quantile
-from slo.quantiles import QUANTILES, finite_or_none, quantile_key
-from slo.signals import kv_usage_at, kv_usage_by_pool_replica, queue_length_at
-from slo.sli import RequestLog, error_ratio, pool_series, vllm_matchers
-from slo.source import Source
-from slo.spec import SloSpec
+from slo.cost.pool import pool_cost
+from slo.objectives.burn_rate import burn_rate
+from slo.objectives.quantiles import QUANTILES, finite_or_none, quantile_key
+from slo.objectives.sli import error_ratio, pool_series, vllm_matchers
+from slo.objectives.spec import SloSpec
+from slo.promql.quantile import Bucket, histogram_quantile
+from slo.scaling.signals import kv_usage_at, kv_usage_by_pool_replica, queue_length_at
+from slo.sources.embedded import EmbeddedSource
+from slo.sources.protocol import RequestLog, Source
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
     DCGM_GPU_UTIL,
@@ -149,8 +149,8 @@ def quantile_point(source: Source, pool: Pool, at_s: float, window_s: float, met
                    qs: Sequence[float] = QUANTILES) -> dict[str, dict[str, float | None]]:
     """Per model: ``{"p50": s, "p95": s, "p99": s}`` of histogram ``metric`` over the window,
     ``histogram_quantile(q, sum by (model_name, le) (rate(metric_bucket{pool}[w])))`` — the
-    query and function ``slo.quantiles.model_quantiles`` uses, for one histogram only (a chart
-    of TTFT does not need the other nine queries)."""
+    query and function ``slo.objectives.quantiles.model_quantiles`` uses, for one histogram only (a
+    chart of TTFT does not need the other nine queries)."""
     groups = source.bucket_increase(metric, vllm_matchers(pool, source), at_s, window_s,
                                     (LABEL_MODEL_NAME,))
     out: dict[str, dict[str, float | None]] = {}
@@ -178,7 +178,7 @@ def finished_point(source: Source, pool: Pool, at_s: float, window_s: float,
     """Finished requests by ``finished_reason`` over the window (``stop``, ``length``,
     ``abort``, ``error``, ``repetition``): ``sum by (finished_reason)
     (increase(vllm:request_success_total{pool[, model]}[w]))``. The ``error`` share of their
-    sum is the error-rate SLI of ``slo.sli.error_ratio``."""
+    sum is the error-rate SLI of ``slo.objectives.sli.error_ratio``."""
     groups = source.increase(VLLM_REQUEST_SUCCESS, vllm_matchers(pool, source, model=model),
                              at_s, window_s,
                              (LABEL_FINISHED_REASON,))
@@ -188,8 +188,8 @@ def finished_point(source: Source, pool: Pool, at_s: float, window_s: float,
 def burn_point(spec: SloSpec, source: Source, at_s: float, window_s: float,
                request_log: RequestLog | None = None) -> dict[str, float | None]:
     """``{"error_ratio", "burn_rate"}`` of one SLO over one window at ``at_s``:
-    ``slo.sli.error_ratio`` and ``slo.burn_rate.burn_rate``, exactly as the status JSON's
-    ``slos[].windows.<w>`` (``None`` without data)."""
+    ``slo.objectives.sli.error_ratio`` and ``slo.objectives.burn_rate.burn_rate``, exactly as the
+    status JSON's ``slos[].windows.<w>`` (``None`` without data)."""
     r = error_ratio(spec, source, at_s, window_s, request_log=request_log).error_ratio
     return {"error_ratio": r, "burn_rate": burn_rate(r, spec.objective)}
 
@@ -197,7 +197,7 @@ def burn_point(spec: SloSpec, source: Source, at_s: float, window_s: float,
 # --- server: KV cache, queue, GPU, counters ------------------------------------------------------
 def kv_point(source: Source, pool: PoolConfig, at_s: float) -> dict[str, Any]:
     """KV-cache usage (ratio 0-1) at ``at_s``: the pool's ``mean`` and ``max`` over replicas
-    (``slo.signals.kv_usage_at``, what scaling reads) and ``replicas``: each replica's value
+    (``slo.scaling.signals.kv_usage_at``, what scaling reads) and ``replicas``: each replica's value
     (``alerts.conditions.kv_usage_by_replica``, what KvCacheUsageHigh reads)."""
     pooled = kv_usage_at(source, pool, at_s)
     per = kv_usage_by_pool_replica(source, pool, at_s)
@@ -279,7 +279,7 @@ def _non_cumulative(buckets: Iterable[Bucket]) -> list[dict[str, Any]]:
 # --- business: cost ------------------------------------------------------------------------------
 def cost_point(source: Source, config: Config, pool: PoolConfig, at_s: float, window_s: float,
                request_log: RequestLog | None = None) -> dict[str, Any]:
-    """``slo.cost.pool_cost`` over ``window_s`` at ``at_s``: the status JSON's ``cost`` block
+    """``slo.cost.pool.pool_cost`` over ``window_s`` at ``at_s``: the status JSON's ``cost`` block
     (USD, GPU-hours, requests, tokens, and with the gateway's records ``by_tier`` and
     ``cache_savings_usd``; ``None`` = no data)."""
     return pool_cost(source, config, pool, at_s, window_s, request_log=request_log)

@@ -1,10 +1,10 @@
 """The what-if panel: cost per 1000 requests at another price or replica count, same traffic.
 
-``slo.cost.pool_cost`` prices what happened: each replica is billed for the time it ran
-(``slo.cost.up_seconds``: its ``up == 1`` samples × its scrape interval), ``gpu_hours = Σ
+``slo.cost.pool.pool_cost`` prices what happened: each replica is billed for the time it ran
+(``slo.cost.pool.up_seconds``: its ``up == 1`` samples × its scrape interval), ``gpu_hours = Σ
 replica seconds / 3600 × GPUs per replica``, ``cost = gpu_hours × price``, ``per 1000 = cost /
 requests × 1000``. The question "what if we ran N replicas at $P per GPU-hour" bills N replicas
-for the whole window at P, through the same ``slo.cost.gpu_hours_of``, and keeps the observed
+for the whole window at P, through the same ``slo.cost.pool.gpu_hours_of``, and keeps the observed
 requests. ``observed_replicas`` is the mean number of replicas that ran (1.5 for a pool that
 went from 1 to 2 replicas half way through the window), so that the panel starts from what the
 engine measured (and then gives back the engine's own ``per_1000_requests``; a test checks it).
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from slo.cost import gpu_hours_of
+from slo.cost.pool import gpu_hours_of
 
 __all__ = ["observed_replicas", "per_1000_requests"]
 

@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from slo.spec import effective_slos
+from slo.objectives.spec import effective_slos
 from vigil.cli_options import add_config_option, add_json_option
 from vigil.config import Config, PoolConfig, load_config
 from vigil.conventions import (

@@ -15,18 +15,16 @@ time is ``--at`` or, at this edge only, the injected clock's now.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Literal, TextIO
+from typing import Any, TextIO
 
-from slo.quantiles import QUANTILE_SOURCES, quantile_range, seconds_bucket_text
-from slo.sli import RequestLog
-from slo.source import Source
+from slo.objectives.quantiles import QUANTILE_SOURCES, quantile_range, seconds_bucket_text
+from slo.sources.open import open_source, request_log
 from vigil.cli_options import (
     add_at_option,
     add_config_option,
@@ -35,10 +33,9 @@ from vigil.cli_options import (
     positive_duration_arg,
 )
 from vigil.clock import Clock, system_clock
-from vigil.config import Config, load_config
-from vigil.errors import ConfigError, StoreError
+from vigil.config import load_config
 
-__all__ = ["TABLE_WIDTH", "add_arguments", "format_table", "open_source", "run"]
+__all__ = ["TABLE_WIDTH", "add_arguments", "format_table", "run"]
 
 #: The readable output fits a terminal this wide (columns).
 TABLE_WIDTH = 100
@@ -63,70 +60,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "gateway's records where they cover a model, else vLLM's "
                              "histograms; histogram = always the histograms, as Prometheus "
                              "computes them (default: auto)")
-
-
-@contextlib.contextmanager
-def open_source(config: Config, config_file: str, *, prometheus_url: str = "",
-                semantics: Literal["auto", "2", "3"] | None = None) -> Iterator[Source]:
-    """The configured ``Source``: a Prometheus API when a URL is given (flag or
-    ``[engine] prometheus_url``), else the embedded store opened read-only."""
-    sem = semantics or config.engine.promql_semantics
-    url = (prometheus_url or config.engine.prometheus_url).rstrip("/")
-    if url:
-        try:
-            from slo.prometheus import PrometheusSource
-        except ImportError as exc:
-            if exc.name != "slo.prometheus":
-                raise
-            raise ConfigError("the Prometheus source (slo.prometheus) is not installed yet",
-                              file=config_file, key="engine.prometheus_url") from None
-        source = PrometheusSource(url, semantics="3" if sem == "auto" else sem,
-                                  lookback_s=config.engine.lookback)
-        if sem == "auto":
-            # Follow the server: its own PromQL rules decide what it answers.
-            detected = source.server_semantics()
-            if detected is not None:
-                source.semantics = detected
-        try:
-            yield source
-        finally:
-            close = getattr(source, "close", None)
-            if callable(close):
-                close()
-        return
-
-    from collector.store import Store
-    from slo.embedded import EmbeddedSource
-
-    path = config.store_path()
-    if not path.exists():
-        raise StoreError(
-            f"no store at {path} yet: run `vigil collect --config {config_file}` first"
-        )
-    with Store(path, readonly=True) as store:
-        yield EmbeddedSource(store, semantics=embedded_semantics(sem),
-                             lookback_s=config.engine.lookback)
-
-
-def request_log(config: Config) -> RequestLog | None:
-    """The gateway's per-request records: per-endpoint SLIs, exact anomalies, cost by tier,
-    e2e per 512 tokens. On the ``[gateway] database`` URL when set (a database without the
-    table yet reads as no records), else the ``records_path`` file when it exists; ``None``
-    without a gateway (the engine then works from vLLM's metrics alone)."""
-    from collector.request_log import GatewayRecords
-
-    target = config.gateway_database()
-    if not isinstance(target, str) and not target.exists():  # str: a URL
-        return None
-    return GatewayRecords(target)
-
-
-def embedded_semantics(value: str) -> Literal["2", "3"]:
-    """The rules the embedded engine follows for a configured ``promql_semantics``: "auto"
-    means Prometheus 3's (there is no server to follow)."""
-    if value not in ("auto", "2", "3"):
-        raise ValueError(f"promql_semantics must be auto, 2 or 3, not {value!r}")
-    return "2" if value == "2" else "3"
 
 
 def run(args: argparse.Namespace, *, clock: Clock = system_clock,
@@ -187,7 +120,7 @@ def _tokens_range(lo: float, hi: float) -> str:
 def _quantile(block: dict[str, Any], key: str, spec: Callable[[float], str],
               ranged: Callable[[float, float], str]) -> str:
     """A quantile as a number, or as its bucket when the bucket is too wide to trust the
-    interpolated number (``slo.quantiles.quantile_range``)."""
+    interpolated number (``slo.objectives.quantiles.quantile_range``)."""
     found = quantile_range(block, key)
     if found is not None:
         return ranged(*found)

@@ -1,41 +1,41 @@
 """``evaluate``: the whole fleet's SLO status at one instant, as one JSON-ready dict.
 
-It composes the small modules: per pool the per-model quantiles (``slo.quantiles``), KV-cache
-usage and queue length (instant lookups), cost (``slo.cost``) and the scaling recommendation
-(``slo.scaling``, sized by the pool's saved capacity profile when there is one); per SLO the
-windows, burn rates, budget and alerts (``slo.burn_rate``); the token anomalies
-(``slo.anomaly``). A value that cannot be computed is ``None`` (JSON ``null``), never 0; NaN
-and ±Inf never reach the output.
+It composes the small modules: per pool the per-model quantiles (``slo.objectives.quantiles``),
+KV-cache usage and queue length (instant lookups), cost (``slo.cost.pool``) and the scaling
+recommendation (``slo.scaling.policy``, sized by the pool's saved capacity profile when there is
+one); per SLO the windows, burn rates, budget and alerts (``slo.objectives.burn_rate``); the token
+anomalies (``slo.objectives.anomaly``). A value that cannot be computed is ``None`` (JSON ``null``),
+never 0; NaN and ±Inf never reach the output.
 
 The evaluation time is always passed in: nothing under ``slo/`` reads a clock.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from collector.vllm_families import families_for_indicator, missing_family_warning
-from slo.aggregate import sum_by
-from slo.anomaly import pool_anomalies
-from slo.burn_rate import evaluate_slo
-from slo.cost import pool_cost
-from slo.embedded import EmbeddedSource, avg_aggregate
-from slo.lookup import SemanticsLike
-from slo.quantiles import model_quantiles
-from slo.sli import (
+from slo.cost.pool import pool_cost
+from slo.objectives.anomaly import pool_anomalies
+from slo.objectives.burn_rate import evaluate_slo
+from slo.objectives.quantiles import model_quantiles
+from slo.objectives.sli import (
     REASON_NO_DATA,
     REASON_NO_REQUEST_DATA,
     REASON_NO_REQUESTS,
-    RequestLog,
     replica_label,
     vllm_matchers,
     vllm_up_matchers,
 )
-from slo.source import Source
-from slo.spec import effective_slos
+from slo.objectives.spec import effective_slos
+from slo.planning.pool_profile import pool_capacity
+from slo.promql.aggregate import sum_by
+from slo.promql.lookup import SemanticsLike
+from slo.scaling.signals import recommend_for_pool
+from slo.sources.embedded import EmbeddedSource, avg_aggregate
+from slo.sources.protocol import RequestLog, Source
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
     ENDPOINT_ALL,
@@ -46,21 +46,16 @@ from vigil.conventions import (
     VLLM_REQUESTS_WAITING,
 )
 from vigil.durations import format_duration
-from vigil.errors import ConfigError
 from vigil.model import Labels
 
 __all__ = ["evaluate", "json_safe", "pool_status", "source_kind"]
-
-#: Where ``recommend_for_pool`` lives (first found wins); absent, ``"scaling"`` is null.
-_SCALING_MODULES = ("slo.signals", "slo.scaling")
-
 
 def source_kind(source: Source) -> str:
     """``"embedded"`` or ``"prometheus"``: the source's ``kind`` attribute if it has one."""
     kind = getattr(source, "kind", None)
     if isinstance(kind, str) and kind:
         return kind
-    if type(source).__module__ == "slo.prometheus":
+    if type(source).__module__ == "slo.sources.prometheus":
         return SOURCE_PROMETHEUS
     return type(source).__name__
 
@@ -90,61 +85,6 @@ def _max(vector: Mapping[Labels, float]) -> float | None:
     return out
 
 
-def _recommender() -> Callable[..., Any] | None:
-    """``recommend_for_pool`` from ``slo.signals`` (or ``slo.scaling``); ``None`` while neither
-    provides it (they are written separately). Imported lazily so ``slo.status`` loads
-    without them."""
-    for name in _SCALING_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError as exc:
-            if exc.name not in _SCALING_MODULES:
-                raise  # a genuine import error inside those modules must not be hidden
-            continue
-        recommend: Callable[..., Any] | None = getattr(module, "recommend_for_pool", None)
-        if callable(recommend):
-            return recommend
-    return None
-
-
-def _profile_for(config: Config, pool: PoolConfig) -> tuple[Any, str | None]:
-    """``(the pool's saved capacity profile or None, why one was not used or None)``.
-
-    The best of ``ProfileStore(config.capacity_profiles_path()).candidates(pool)`` (the
-    pool's configuration now) whose SLO targets cover the pool's current latency SLOs, as
-    ``vigil plan`` requires: a profile judged against a looser target overstates what a
-    replica serves. Each profile passed over for that is named in the second item; a missing
-    file is no profile, a malformed one is reported (the policy then sizes without it)."""
-    from slo.plan import required_slos, slo_gaps
-    from slo.profile_store import ProfileStore
-
-    try:
-        candidates = ProfileStore(config.capacity_profiles_path()).candidates(pool)
-    except ConfigError as exc:
-        return None, str(exc)
-    required = required_slos(config, pool)
-    dropped: list[str] = []
-    for profile in candidates:
-        gaps = slo_gaps(profile, required)
-        if not gaps:
-            return profile, "; ".join(dropped) or None
-        dropped.append(f"profile {profile.key} ({profile.identity.label()}, "
-                       f"{profile.basis}): {'; '.join(gaps)}: not used")
-    return None, "; ".join(dropped) or None
-
-
-def pool_capacity(config: Config, pool: PoolConfig) -> tuple[Any, Any, str | None]:
-    """``(profile, sizing, error)``: the pool's saved capacity profile, the
-    ``slo.scaling.CapacitySizing`` the scaling policy sizes scale-outs with (None without a
-    usable profile) and why the profiles could not be read or a saved one was not used
-    (None when neither happened). What
-    ``vigil serve`` uses, so that a replay of its decisions (``slo.replay``) uses it too."""
-    from slo.scaling import CapacitySizing
-
-    profile, error = _profile_for(config, pool)
-    return profile, CapacitySizing.from_profile(profile), error
-
-
 def _profile_summary(profile: Any) -> dict[str, Any]:
     """What the status says of the profile the policy used: key, basis and figures."""
     return {
@@ -161,13 +101,10 @@ def _profile_summary(profile: Any) -> dict[str, Any]:
 
 def _scaling(source: Source, config: Config, pool: PoolConfig, at_s: float) -> Any:
     """``recommend_for_pool(...).to_dict()`` plus ``profile`` (the capacity profile sizing it,
-    or None), or ``None`` while the recommendation is not available."""
-    recommend = _recommender()
-    if recommend is None:
-        return None
+    or None) and ``profile_error`` (why no profile or a saved one was not used)."""
     profile, sizing, error = pool_capacity(config, pool)
     kwargs: dict[str, Any] = {} if sizing is None else {"capacity": sizing}
-    rec = recommend(source, config, pool, at_s, step_s=config.collector.scrape_interval,
+    rec = recommend_for_pool(source, config, pool, at_s, step_s=config.collector.scrape_interval,
                     **kwargs)
     out = rec.to_dict()
     out["profile"] = None if profile is None else _profile_summary(profile)
@@ -199,7 +136,7 @@ def pool_status(
     *, request_log: RequestLog | None = None, quantile_source: str = "auto",
 ) -> dict[str, Any]:
     """One pool's block: models (quantiles, tokens), KV cache, queue, cost, scaling.
-    ``quantile_source``: ``slo.quantiles.model_quantiles``'s."""
+    ``quantile_source``: ``slo.objectives.quantiles.model_quantiles``'s."""
     m = vllm_matchers(pool, source)
     sem = source.semantics
     models = {pool.model} | {s.model for s in effective_slos(config) if s.pool == pool.name}

@@ -17,14 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from slo.burn_rate import burn_windows
-from slo.lookup import instant_value, select_range
-from slo.quantile import Bucket, histogram_quantile, parse_le
-from slo.rate import increase
-from slo.scaling import fit_window_for
-from slo.signals import sample_times
-from slo.source import Source
-from slo.spec import effective_slos
+from slo.objectives.burn_rate import burn_windows
+from slo.objectives.spec import effective_slos
+from slo.promql.lookup import instant_value, select_range
+from slo.promql.quantile import Bucket, histogram_quantile, parse_le
+from slo.promql.rate import increase
+from slo.scaling.policy import fit_window_for
+from slo.scaling.signals import sample_times
+from slo.sources.protocol import Source
 from vigil.config import Config
 from vigil.conventions import (
     KIND_VLLM,
@@ -107,7 +107,7 @@ def label(labels: Labels, name: str) -> str:
 
 def raw_change(vals: np.ndarray) -> float | None:
     """A counter's change between its first and last sample with resets added (a drop adds the
-    value before it), no extrapolation: ``slo.anomaly.raw_increase`` on arrays, since the
+    value before it), no extrapolation: ``slo.objectives.anomaly.raw_increase`` on arrays, since the
     premise check runs it tens of thousands of times. None with fewer than 2 samples."""
     if len(vals) < 2:
         return None

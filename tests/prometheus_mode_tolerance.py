@@ -34,10 +34,10 @@ from typing import Any
 from prometheus_mode_checker import Checker, masked
 from prometheus_mode_samples import SeriesId, Sides, idle_share_bound
 
-from slo.burn_rate import slo_burn_alerts
-from slo.scaling import fit_window_for, trend
-from slo.signals import sample_times, ttft_threshold_for
-from slo.spec import SloSpec, effective_slos
+from slo.objectives.burn_rate import slo_burn_alerts
+from slo.objectives.spec import SloSpec, effective_slos
+from slo.scaling.policy import fit_window_for, trend
+from slo.scaling.signals import sample_times, ttft_threshold_for
 from vigil.config import Config
 from vigil.conventions import (
     FINISHED_REASON_ERROR,

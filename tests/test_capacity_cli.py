@@ -27,7 +27,7 @@ from helpers import free_port
 
 from serving.loadgen.probe import run_probe
 from serving.sim.profiles import Profile
-from slo.profile_store import ProfileStore
+from slo.planning.profile_store import ProfileStore
 from vigil.capacity import CapacityProfile, Probe, SloTarget
 from vigil.config import CapacityConfig, load_config
 from vigil_shell import capacity_cli

@@ -12,7 +12,7 @@ import pytest
 from test_capacity_search import FAILED, ok
 
 from serving.loadgen.probe import probe_request
-from slo.capacity_search import (
+from slo.planning.capacity_search import (
     Margin,
     ProbeWindow,
     RequestOutcome,

@@ -17,7 +17,7 @@ import pytest
 from test_slo_fleet import AT, LATENCY_LE, MODEL, TTFT_LE, target_labels, vllm_labels
 
 from collector.store import Store
-from slo.capacity_observed import (
+from slo.planning.capacity_observed import (
     REASON_NEVER_FAILED,
     REASON_NO_LATENCY_SLO,
     REASON_NOT_LOAD_BOUND,
@@ -27,7 +27,7 @@ from slo.capacity_observed import (
     observed_capacity,
     rate_latency_curve,
 )
-from slo.embedded import EmbeddedSource
+from slo.sources.embedded import EmbeddedSource
 from vigil.config import Config, parse_config
 from vigil.model import SeriesKey, labels_of
 

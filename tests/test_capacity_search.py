@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slo.capacity_search import (
+from slo.planning.capacity_search import (
     RequestOutcome,
     judge,
     probe_from_outcomes,

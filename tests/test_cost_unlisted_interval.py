@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from alerts.rules import generate
-from slo.cost import up_seconds
-from slo.lookup import semantics_of
-from slo.source import Matchers
+from alerts.rules.pipeline import generate
+from slo.cost.pool import up_seconds
+from slo.promql.lookup import semantics_of
+from slo.sources.protocol import Matchers
 from vigil.config import parse_config
 from vigil.model import Labels, Point
 from vigil.selectors import as_selector

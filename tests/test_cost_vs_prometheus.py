@@ -18,11 +18,11 @@ import pytest
 from prometheus_server import PrometheusServer, PromSeries, prometheus_fixture
 from test_slo_fleet import MODEL, OTHER_MODEL
 
-from alerts.rules import Rule, generate
+from alerts.rules.pipeline import Rule, generate
 from collector.store import Store
-from slo.cost import pool_cost
-from slo.embedded import EmbeddedSource
-from slo.prometheus import PrometheusSource
+from slo.cost.pool import pool_cost
+from slo.sources.embedded import EmbeddedSource
+from slo.sources.prometheus import PrometheusSource
 from vigil.config import parse_config
 from vigil.model import SeriesKey, labels_of
 

@@ -21,7 +21,7 @@ from test_dashboard_seed import AT, config_toml, seed_dashboard
 from test_slo_fleet import MODEL, OTHER_MODEL
 
 from dashboard import format as fmt
-from slo.quantiles import histogram_figures
+from slo.objectives.quantiles import histogram_figures
 from vigil.conventions import DASHBOARD_ENV_AT, DASHBOARD_ENV_CONFIG
 
 REPO = Path(__file__).resolve().parent.parent
@@ -294,8 +294,8 @@ def test_business_page_with_gateway_records(with_gateway: Path,
 def test_anomalies_page_histogram_estimate(seeded: Path, monkeypatch: pytest.MonkeyPatch
                                            ) -> None:
     from collector.store import Store
-    from slo.anomaly import pool_anomalies
-    from slo.embedded import EmbeddedSource
+    from slo.objectives.anomaly import pool_anomalies
+    from slo.sources.embedded import EmbeddedSource
     from vigil.config import load_config
 
     at = run_page(seeded, monkeypatch, "anomalies")

@@ -19,7 +19,7 @@ from dashboard.empty_states import NO_UP, cost_gap, missing_cost, tier_gap, toke
 
 def cost(gpu_hours: float | None, requests: float | None, tokens: float | None = None,
          idle: float | None = None) -> dict:
-    """A cost block as ``slo.cost.pool_cost`` writes it, with the keys these functions read."""
+    """A cost block as ``slo.cost.pool.pool_cost`` writes it, with the keys these functions read."""
     c = None if gpu_hours is None else gpu_hours * 2.5
     return {"window": "1h", "gpu_hours": gpu_hours, "cost_usd": c, "requests": requests,
             "output_tokens": tokens, "idle_share": idle,

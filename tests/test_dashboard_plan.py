@@ -1,8 +1,8 @@
 """The Plan page through Streamlit's ``AppTest`` over a seeded store and saved capacity
-profiles: what it shows equals ``slo.plan`` / ``slo.waste`` / ``slo.replay`` computed here for
-the same store and time, and each missing piece (profiles, history, today's profile) gives
-the empty state that names its cause. ``dashboard.plan_data``'s small functions are tested
-alone."""
+profiles: what it shows equals ``slo.planning.plan`` / ``slo.cost.waste`` / ``slo.planning.replay``
+computed here for the same store and time, and each missing piece (profiles, history, today's
+profile) gives the empty state that names its cause. ``dashboard.plan_data``'s small functions are
+tested alone."""
 
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from collector.store import Store
 from dashboard import format as fmt
 from dashboard.plan_data import aligned_range, badge, curve_rows, plan_page, waste_rows
 from serving.sim import capacity_estimate
-from slo.embedded import EmbeddedSource
-from slo.forecast import forecast_from_history
-from slo.plan import PlanResult, plan
-from slo.plan_candidates import gather_candidates
-from slo.profile_store import ProfileStore
-from slo.replay import decision_counts, replay_decisions
-from slo.waste import WasteResult, waste
+from slo.cost.waste import WasteResult, waste
+from slo.planning.candidates import gather_candidates
+from slo.planning.forecast import forecast_from_history
+from slo.planning.plan import PlanResult, plan
+from slo.planning.profile_store import ProfileStore
+from slo.planning.replay import decision_counts, replay_decisions
+from slo.sources.embedded import EmbeddedSource
 from vigil.capacity import CapacityProfile, ProfileIdentity, SloTarget
 from vigil.config import Config, load_config
 from vigil.conventions import DASHBOARD_ENV_AT, DASHBOARD_ENV_CONFIG

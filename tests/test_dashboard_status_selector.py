@@ -12,8 +12,8 @@ from prometheus_server import PrometheusServer, PromSeries, prometheus_fixture
 
 from collector.store import Store
 from dashboard.status_view import TargetState, target_states
-from slo.embedded import EmbeddedSource
-from slo.prometheus import PrometheusSource
+from slo.sources.embedded import EmbeddedSource
+from slo.sources.prometheus import PrometheusSource
 from vigil.config import Config, parse_config
 from vigil.model import SeriesKey, TargetHealth
 

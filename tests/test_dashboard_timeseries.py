@@ -14,10 +14,10 @@ from test_slo_fleet import MODEL
 
 from collector.store import Store
 from dashboard import timeseries as ts
-from slo.embedded import EmbeddedSource
-from slo.quantiles import histogram_figures, model_quantiles
-from slo.sli import error_ratio
-from slo.spec import effective_slos
+from slo.objectives.quantiles import histogram_figures, model_quantiles
+from slo.objectives.sli import error_ratio
+from slo.objectives.spec import effective_slos
+from slo.sources.embedded import EmbeddedSource
 from slo.status import evaluate
 from vigil.config import Config, load_config
 from vigil.conventions import (

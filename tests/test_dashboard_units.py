@@ -38,7 +38,7 @@ from dashboard.status_view import (
     slo_state,
     target_states,
 )
-from slo.embedded import EmbeddedSource
+from slo.sources.embedded import EmbeddedSource
 from slo.status import evaluate
 from vigil.config import load_config, parse_config
 from vigil.model import RequestRecord

@@ -12,8 +12,8 @@ from pathlib import Path
 from collector.service import Collector
 from collector.store import Store
 from serving.sim.testing import running_fleet
-from slo.cost import up_seconds
-from slo.embedded import EmbeddedSource
+from slo.cost.pool import up_seconds
+from slo.sources.embedded import EmbeddedSource
 from vigil.clock import ManualClock
 from vigil.config import parse_config
 

@@ -31,13 +31,13 @@ from test_slo_fleet import ITL_LE, LATENCY_LE, MODEL, TOKENS_LE, TTFT_LE
 from collector.store import Store
 from dashboard.empty_states import has_dcgm
 from dashboard.timeseries import sm_point
-from slo.cost import gpu_hours, up_seconds
-from slo.embedded import EmbeddedSource
-from slo.prometheus import PrometheusSource, selector
-from slo.signals import current_replicas, kv_usage_at, kv_usage_by_pool_replica
-from slo.sli import pool_series, replica_label, vllm_matchers
-from slo.source import matchers_of, with_equal
-from slo.spec import effective_slos
+from slo.cost.pool import gpu_hours, up_seconds
+from slo.objectives.sli import pool_series, replica_label, vllm_matchers
+from slo.objectives.spec import effective_slos
+from slo.scaling.signals import current_replicas, kv_usage_at, kv_usage_by_pool_replica
+from slo.sources.embedded import EmbeddedSource
+from slo.sources.prometheus import PrometheusSource, selector
+from slo.sources.protocol import matchers_of, with_equal
 from slo.status import evaluate
 from vigil.config import Config, parse_config
 from vigil.conventions import (

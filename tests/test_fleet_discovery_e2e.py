@@ -19,7 +19,7 @@ Checked:
   still being appended (a scrape is stamped when it starts and lands ``scrape_duration``
   later: the rule at that instant did not see it, a query made afterwards does);
 * a pod added to the file mid-test is scraped by Prometheus and by Vigil's collector, gets
-  requests through the gateway, and is billed (``slo.cost.up_seconds``, on the store and on
+  requests through the gateway, and is billed (``slo.cost.pool.up_seconds``, on the store and on
   Prometheus) from its first sample on; a pod removed from the file stops being billed (its
   series go stale) and gets no more requests.
 """
@@ -35,7 +35,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -52,18 +51,14 @@ from fleet_k8s import (
 from helpers import free_port, wait_for
 from prometheus_server import PrometheusServer
 
-from alerts.rules import Rule, RulesOptions, RulesResult, generate
+from alerts.rules.engine_value import engine_value
+from alerts.rules.pipeline import Rule, RulesOptions, RulesResult, generate
 from collector.store import Store
 from serving.gateway.auth import key_sha256
 from serving.sim.testing import FleetHandle, running_fleet
-from slo.burn_rate import budget_remaining, burn_rate
-from slo.cost import pool_cost, up_seconds
-from slo.embedded import EmbeddedSource
-from slo.prometheus import PrometheusSource
-from slo.quantiles import model_quantiles, quantile_key
-from slo.signals import kv_usage_at, queue_length_at
-from slo.sli import error_ratio
-from slo.source import Source
+from slo.cost.pool import up_seconds
+from slo.sources.embedded import EmbeddedSource
+from slo.sources.prometheus import PrometheusSource
 from vigil.config import Config, load_config
 from vigil.selectors import as_selector
 
@@ -227,42 +222,6 @@ def test_prometheus_keeps_only_the_kubernetes_labels(world: World) -> None:
 
 
 # --- recorded == engine -----------------------------------------------------------------------
-def _engine(rule: Rule, result: RulesResult, source: Source, at: float) -> dict[str, Any]:
-    """Per model (``""`` for a per-SLO or per-pool number), the engine's value of what
-    ``rule`` records, at ``at``."""
-    o = rule.origin
-    config = result.config
-    if o.slo:
-        spec = next(s for s in result.validated.specs if s.name == o.slo)
-
-        def ratio(w: float) -> float | None:
-            return error_ratio(spec, source, at, w).error_ratio
-
-        values = {
-            "objective": lambda: spec.objective,
-            "error_budget": lambda: 1.0 - spec.objective,
-            "time_period_days": lambda: spec.period_s / 86400,
-            "sli_error": lambda: ratio(o.window_s),
-            "current_burn_rate": lambda: burn_rate(ratio(o.window_s), spec.objective),
-            "period_burn_rate": lambda: burn_rate(ratio(spec.period_s), spec.objective),
-            "period_budget_remaining": lambda: budget_remaining(ratio(spec.period_s),
-                                                                spec.objective),
-        }
-        return {"": values[o.kind]()}
-    pool = config.pool(o.pool)
-    if o.kind == "quantile":
-        models = model_quantiles(source, pool, at, o.window_s)
-        return {m: q["quantiles"][o.signal][quantile_key(o.quantile)]
-                for m, q in models.items()}
-    if o.kind in ("kv_avg", "kv_max"):
-        kv = kv_usage_at(source, pool, at)
-        return {"": None if kv is None else kv[0 if o.kind == "kv_avg" else 1]}
-    if o.kind == "queue":
-        return {"": queue_length_at(source, pool, at)}
-    cost = pool_cost(source, config, pool, at, o.window_s)
-    return {"": cost["cost_usd" if o.kind == "gpu_cost" else "per_1000_requests"]}
-
-
 def _reads_other_groups(result: RulesResult) -> set[str]:
     """Recording rules (``record`` + labels) whose expression reads a series recorded by a
     rule of another group, or of a later place in its own."""
@@ -318,7 +277,9 @@ def test_recorded_samples_equal_the_engine_at_their_instants(world: World) -> No
             if _in_flight(scrapes, at):
                 skipped_in_flight += 1
                 continue
-            ours = {m: v for m, v in _engine(rule, result, source, at).items() if v is not None}
+            values = engine_value(rule.origin, result.config, result.validated.specs, source,
+                                  at)
+            ours = {m: v for m, v in values.items() if v is not None}
             what = f"{rule.record}{rule.labels} at {at}"
             assert set(theirs) == set(ours), (what, theirs, ours)
             # Cost too: the engine bills a selector's replicas at the interval the rule uses

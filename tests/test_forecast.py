@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from collector.store import Store
-from slo.embedded import EmbeddedSource
-from slo.forecast import (
+from slo.planning.forecast import (
     SECONDS_PER_DAY,
     TrafficForecast,
     constant_traffic,
     forecast_from_history,
 )
+from slo.sources.embedded import EmbeddedSource
 from vigil.config import parse_config
 from vigil.model import SeriesKey, labels_of
 

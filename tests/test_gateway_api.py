@@ -21,7 +21,7 @@ from test_gateway_support import (
 from collector.exposition import parse
 from collector.request_log import GatewayRecords
 from serving.sim.testing import FleetHandle, running_fleet, sample_values, total
-from slo.sli import RequestLog
+from slo.sources.protocol import RequestLog
 
 MESSAGES = [{"role": "system", "content": "You are terse."},
             {"role": "user", "content": "What does a KV cache hold?"}]

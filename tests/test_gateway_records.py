@@ -14,7 +14,7 @@ from helpers import wait_for
 from collector.request_log import GatewayRecord, GatewayRecords, RecordWriter
 from serving.gateway.accounting import ShareLedger, gpu_cost_per_second
 from serving.gateway.batch_store import BatchStore
-from slo.sli import RequestLog
+from slo.sources.protocol import RequestLog
 from vigil.clock import ManualClock
 from vigil.config import parse_config
 from vigil.errors import StoreError

@@ -36,7 +36,7 @@ from test_gateway_support import MODEL, POOL, STANDARD
 from collector.request_log import GatewayRecord, GatewayRecords
 from serving.sim.profiles import SMALL
 from serving.sim.testing import FleetHandle, running_fleet, sample_values, total
-from slo.sli import RequestLog
+from slo.sources.protocol import RequestLog
 from vigil.conventions import METRIC_GW_RECORDS_BUFFERED
 from vigil.database import SqlDatabase, open_database
 from vigil.errors import StoreError

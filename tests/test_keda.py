@@ -21,14 +21,14 @@ import jsonschema
 import pytest
 import yaml
 
-from alerts import rules_cli
-from alerts.keda import (
+from alerts.rules import cli as rules_cli
+from alerts.rules.keda import (
     DEFAULT_PROMETHEUS_URL,
     KedaOptions,
     generate_keda,
     scaled_object,
 )
-from alerts.rules_promql import kv_usage_expr, queue_length_expr
+from alerts.rules.promql import kv_usage_expr, queue_length_expr
 from vigil.config import Config, parse_config
 from vigil.errors import ConfigError
 

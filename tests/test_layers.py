@@ -134,3 +134,62 @@ def test_the_packages_between_import_each_other_without_a_cycle() -> None:
         message = "import cycle " + " -> ".join(cycle) + "\n" + "\n".join(steps)
         print(message)
         raise AssertionError(message)
+
+
+# --- inside the rooms --------------------------------------------------------------------------
+#: The subpackages of ``slo`` in layer order: each imports only those before it (and the
+#: ground). ``slo.status`` and ``slo.cli``, at the top, compose them all.
+SLO_LAYERS = ("promql", "sources", "objectives", "cost", "scaling", "planning")
+SLO_TOP = ("slo", "slo.status", "slo.cli")
+
+
+def _slo_layer(module: str) -> int:
+    """The index of ``module`` in SLO_LAYERS (``len`` for the top); -1 outside ``slo``."""
+    if _top(module) != "slo":
+        return -1
+    if module in SLO_TOP:
+        return len(SLO_LAYERS)
+    sub = module.split(".")[1]
+    assert sub in SLO_LAYERS, f"{module} is in no layer of slo: add it to SLO_LAYERS"
+    return SLO_LAYERS.index(sub)
+
+
+def test_every_slo_module_sits_in_a_layer() -> None:
+    modules = {e[0] for e in edges() if _top(e[0]) == "slo"}
+    for module in modules:
+        _slo_layer(module)
+    assert {m.split(".")[1] for m in modules if m not in SLO_TOP} == set(SLO_LAYERS)
+
+
+def test_slo_subpackages_import_only_the_layers_below() -> None:
+    found = [e for e in edges() if _top(e[0]) == "slo" and _top(e[3]) == "slo"
+             and _slo_layer(e[3]) > _slo_layer(e[0])]
+    assert not found, ("slo's layers are " + " < ".join(SLO_LAYERS) + " < status; an import "
+                       "goes up:\n" + _where(found))
+
+
+def _in_rule_generator(module: str) -> bool:
+    return module == "alerts.rules" or module.startswith("alerts.rules.")
+
+
+def test_the_rule_generator_and_the_alerting_runtime_do_not_import_each_other() -> None:
+    """``alerts.rules`` writes files from the specs; the runtime (``alerts.*`` else) sends
+    notifications. Neither needs the other, and each stays small enough to read alone."""
+    found = [e for e in edges() if _top(e[0]) == "alerts" and _top(e[3]) == "alerts"
+             and e[0] != "alerts" and e[3] != "alerts"
+             and _in_rule_generator(e[0]) != _in_rule_generator(e[3])]
+    assert not found, ("alerts.rules (the generator) and the alerting runtime import each "
+                       "other:\n" + _where(found))
+
+
+def test_the_readme_layout_table_lists_every_package_folder_once() -> None:
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([^`]+)/` \|", section, re.M)
+    folders = sorted(str(init.parent.relative_to(REPO)) for package in PACKAGES
+                     for init in (REPO / package).rglob("__init__.py"))
+    assert len(rows) == len(set(rows)), f"a folder has two rows: {rows}"
+    assert sorted(rows) == folders, {"no row": sorted(set(folders) - set(rows)),
+                                     "no such package": sorted(set(rows) - set(folders))}

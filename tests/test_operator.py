@@ -29,8 +29,9 @@ from conftest import require_binary
 from helpers import FIXTURES, exposition_server, text
 from prometheus_server import APT_PACKAGE, PrometheusServer, require_prometheus, start_prometheus
 
-from alerts import rules_cli, rules_yaml
-from alerts.operator import (
+from alerts.rules import cli as rules_cli
+from alerts.rules import yaml_emitter
+from alerts.rules.operator import (
     MAX_APPLIED_BYTES,
     OperatorOptions,
     OperatorResult,
@@ -40,7 +41,7 @@ from alerts.operator import (
     pod_monitor,
     prometheus_rules,
 )
-from alerts.rules import RulesResult, generate
+from alerts.rules.pipeline import RulesResult, generate
 from vigil.config import Config, load_config, parse_config
 from vigil.errors import ConfigError
 
@@ -269,7 +270,7 @@ def test_promtool_accepts_the_groups_of_every_prometheus_rule(
     name, _, objects = case
     for obj in objects.of_kind("PrometheusRule"):
         path = tmp_path / f"{obj['metadata']['name']}.yml"
-        path.write_text(rules_yaml.dump({"groups": obj["spec"]["groups"]}))
+        path.write_text(yaml_emitter.dump({"groups": obj["spec"]["groups"]}))
         done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True,
                               text=True, timeout=120, check=False)
         assert done.returncode == 0, f"{name}: {done.stdout}{done.stderr}"
@@ -423,12 +424,12 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Promethe
     monitor = objects.of_kind("PodMonitor")[0]
     (rule,) = objects.of_kind("PrometheusRule")
     workdir = tmp_path_factory.mktemp("operator-live")
-    (workdir / "rules.yml").write_text(rules_yaml.dump({"groups": [
+    (workdir / "rules.yml").write_text(yaml_emitter.dump({"groups": [
         {**g, "interval": "1s"} for g in rule["spec"]["groups"]]}))
     pod = "vllm-chat-deployment-vllm-7c9f-x2x4q"
     with exposition_server({"/metrics": text(body, ctype=ctype)}) as base:
         job = _operator_job(monitor, base.removeprefix("http://"), pod)
-        settings = rules_yaml.dump({"global": {"evaluation_interval": "1s"},
+        settings = yaml_emitter.dump({"global": {"evaluation_interval": "1s"},
                                     "rule_files": ["rules.yml"], "scrape_configs": [job]})
         server = start_prometheus(prometheus, workdir, settings, workdir / "data")
         try:

@@ -11,10 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from slo.forecast import TrafficForecast, constant_traffic
-from slo.plan import Levers, current_identity, plan, required_slos, same_model, weakest_basis
-from slo.plan_candidates import gather_candidates
-from slo.profile_store import ProfileStore
+from slo.planning.candidates import gather_candidates
+from slo.planning.forecast import TrafficForecast, constant_traffic
+from slo.planning.plan import (
+    Levers,
+    current_identity,
+    plan,
+    required_slos,
+    same_model,
+    weakest_basis,
+)
+from slo.planning.profile_store import ProfileStore
 from vigil.capacity import CapacityProfile, ProfileIdentity, SloTarget
 from vigil.config import CapacityConfig, Config, parse_config
 

@@ -12,7 +12,7 @@ from test_forecast import AT, MODEL, base_rate, write_history
 
 from collector.request_log import GatewayRecord, RecordWriter
 from collector.store import Store
-from slo.profile_store import ProfileStore
+from slo.planning.profile_store import ProfileStore
 from vigil.capacity import CapacityProfile, ProfileIdentity, SloTarget
 from vigil_shell.cli import main
 

@@ -19,7 +19,7 @@ from serving.sim.policy_replay import (
     replay_policies,
 )
 from serving.sim.profiles import get_profile
-from slo.waste import lower_bound_replicas
+from slo.cost.waste import lower_bound_replicas
 from vigil.config import Config, parse_config
 
 UP_AT, DOWN_AT, END = 1800.0, 5400.0, 9000.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from alerts.rules import generate
+from alerts.rules.pipeline import generate
 from vigil.config import parse_config
 from vigil.errors import ConfigError
 

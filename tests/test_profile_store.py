@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slo.profile_store import ProfileStore
+from slo.planning.profile_store import ProfileStore
 from vigil.capacity import CapacityProfile, ProfileIdentity, SloTarget
 from vigil.config import PoolConfig, VllmProfileConfig
 from vigil.errors import ConfigError

@@ -75,18 +75,14 @@ from prometheus_mode_systems import collecting, scraping_prometheus, slo_status,
 from prometheus_mode_tolerance import compare_status
 from prometheus_server import PrometheusServer, require_prometheus
 
-from alerts.rules import RulesOptions, generate
+from alerts.rules.engine_value import engine_value
+from alerts.rules.pipeline import RulesOptions, generate
 from collector.store import Store
 from serving.sim.testing import running_fleet
-from slo.burn_rate import budget_remaining, burn_rate, evaluate_slo
-from slo.cost import pool_cost
-from slo.embedded import EmbeddedSource
-from slo.prometheus import PrometheusSource, selector
-from slo.quantiles import model_quantiles, quantile_key
-from slo.signals import kv_usage_at, queue_length_at
-from slo.sli import error_ratio
-from slo.source import Source
-from slo.spec import effective_slos
+from slo.objectives.burn_rate import evaluate_slo
+from slo.objectives.spec import effective_slos
+from slo.sources.embedded import EmbeddedSource
+from slo.sources.prometheus import PrometheusSource, selector
 from vigil.config import Config, load_config
 from vigil.conventions import (
     GROUP_SLO_SLI,
@@ -289,40 +285,6 @@ def _copy(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- the recorded series ---------------------------------------------------------------------
-def _engine_value(config: Config, source: Source, origin: Any,
-                  at: float) -> dict[str, float | None]:
-    """The number a recording rule's origin stands for, per model (``""``: one series)."""
-    if origin.slo:
-        spec = next(s for s in effective_slos(config) if s.name == origin.slo)
-
-        def ratio(w: float) -> float | None:
-            return error_ratio(spec, source, at, w).error_ratio
-
-        values = {
-            "objective": lambda: spec.objective,
-            "error_budget": lambda: 1.0 - spec.objective,
-            "time_period_days": lambda: spec.period_s / 86400,
-            "sli_error": lambda: ratio(origin.window_s),
-            "current_burn_rate": lambda: burn_rate(ratio(origin.window_s), spec.objective),
-            "period_burn_rate": lambda: burn_rate(ratio(spec.period_s), spec.objective),
-            "period_budget_remaining": lambda: budget_remaining(ratio(spec.period_s),
-                                                                spec.objective),
-        }
-        return {"": values[origin.kind]()}
-    pool = config.pool(origin.pool)
-    if origin.kind == "quantile":
-        models = model_quantiles(source, pool.name, at, origin.window_s)
-        return {m: q["quantiles"][origin.signal][quantile_key(origin.quantile)]
-                for m, q in models.items()}
-    if origin.kind in ("kv_avg", "kv_max"):
-        kv = kv_usage_at(source, pool, at)
-        return {"": None if kv is None else kv[0 if origin.kind == "kv_avg" else 1]}
-    if origin.kind == "queue":
-        return {"": queue_length_at(source, pool, at)}
-    cost = pool_cost(source, config, pool, at, origin.window_s)
-    return {"": cost["cost_usd" if origin.kind == "gpu_cost" else "per_1000_requests"]}
-
-
 def _scrape_windows(run: Run) -> list[tuple[int, int]]:
     """Per Prometheus scrape, ``(start, end)`` in Unix ms: its samples carry the start as their
     timestamp but are stored only at the end (its ``scrape_duration_seconds``, plus 20 ms for
@@ -394,9 +356,9 @@ def test_recorded_series_equal_the_engine_at_their_evaluation_instants(run: Run)
                     if _racy(read_ms, scrapes):
                         skipped += 1
                         continue
-                    want = {k: v for k, v in _engine_value(run.config, source, rule.origin,
-                                                           read_ms / 1000).items()
-                            if v is not None}
+                    values = engine_value(rule.origin, run.config, effective_slos(run.config),
+                                          source, read_ms / 1000)
+                    want = {k: v for k, v in values.items() if v is not None}
                     what = f"{rule.record}{rule.labels} at {at_ms / 1000} (read {read_ms / 1000})"
                     assert set(got) == set(want), what
                     for key, value in want.items():

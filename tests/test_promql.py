@@ -16,8 +16,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from slo.aggregate import divide, divide_vectors, instant_vector, per_series, sum_by
-from slo.lookup import (
+from slo.promql.aggregate import divide, divide_vectors, instant_vector, per_series, sum_by
+from slo.promql.lookup import (
     duration_ms,
     duration_seconds,
     eval_time_ms,
@@ -26,13 +26,13 @@ from slo.lookup import (
     select_range,
     semantics_of,
 )
-from slo.quantile import (
+from slo.promql.quantile import (
     bucket_fraction_below,
     histogram_quantile,
     histogram_quantile_over,
     parse_le,
 )
-from slo.rate import delta, increase, rate
+from slo.promql.rate import delta, increase, rate
 
 INF = math.inf
 BOTH = ("2", "3")

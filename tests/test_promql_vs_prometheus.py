@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 from prometheus_server import PrometheusServer, PromSeries, prometheus_fixture
 
-from slo.aggregate import divide_vectors, instant_vector, per_series, sum_by
-from slo.lookup import eval_time_ms, prepare
-from slo.quantile import histogram_quantile_over
-from slo.rate import delta, increase, rate
+from slo.promql.aggregate import divide_vectors, instant_vector, per_series, sum_by
+from slo.promql.lookup import eval_time_ms, prepare
+from slo.promql.quantile import histogram_quantile_over
+from slo.promql.rate import delta, increase, rate
 from vigil.model import Labels, labels_of
 
 pytestmark = pytest.mark.slow

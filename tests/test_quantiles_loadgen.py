@@ -22,8 +22,8 @@ from test_gateway_support import MODEL, STANDARD, gateway_config, running_gatewa
 from collector.request_log import GatewayRecords
 from collector.store import Store
 from serving.sim.testing import running_fleet
-from slo.embedded import EmbeddedSource
-from slo.quantiles import model_quantiles
+from slo.objectives.quantiles import model_quantiles
+from slo.sources.embedded import EmbeddedSource
 
 #: Seconds of load, and its rate (requests per second): bounded, modest.
 LOAD_S = 25

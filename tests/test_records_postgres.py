@@ -15,7 +15,7 @@ from postgres_server import PostgresServer
 
 from collector.request_log import POOL_SIZE, GatewayRecord, GatewayRecords, RecordWriter
 from dashboard.gateway_data import open_request_log
-from slo.cli import request_log
+from slo.sources.open import request_log
 from vigil.config import parse_config
 from vigil.errors import StoreError, StoreUnavailable
 

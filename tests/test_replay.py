@@ -24,9 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from collector.store import Store
 from serving.sim.profiles import DEFAULT_MODEL
 from serving.sim.testing import FleetHandle, free_port_block, running_fleet
-from slo.cli import embedded_semantics
-from slo.embedded import EmbeddedSource
-from slo.replay import decision_counts, replay_decisions, replay_times
+from slo.planning.replay import decision_counts, replay_decisions, replay_times
+from slo.sources.embedded import EmbeddedSource
+from slo.sources.open import embedded_semantics
 from vigil.config import Config, parse_config
 from vigil.conventions import (
     METRIC_CURRENT_REPLICAS,

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from collector.store import SCHEMA_VERSION, Store, rollup
 from collector.store.rollup import BLOCK_MS, CounterWindow, Plan
 from collector.store.schema import set_meta
-from slo.embedded import EmbeddedSource
+from slo.sources.embedded import EmbeddedSource
 from vigil.model import Labels, SeriesKey, labels_of
 
 H = BLOCK_MS

@@ -1,4 +1,4 @@
-"""``vigil rules prometheus`` through ``alerts.rules_cli`` (``add_arguments`` + ``run``)."""
+"""``vigil rules prometheus`` through ``alerts.rules.cli`` (``add_arguments`` + ``run``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import rules_cli
+from alerts.rules import cli as rules_cli
 from vigil.errors import ConfigError
 
 CONFIG = """

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from alerts.keda import generate_keda
-from alerts.rules import generate
+from alerts.rules.keda import generate_keda
+from alerts.rules.pipeline import generate
 from vigil.config import load_config
 from vigil.conventions import FILE_KEDA
 

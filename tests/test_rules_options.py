@@ -1,11 +1,11 @@
-"""``alerts.rules.rules_options``: which config keys become the generator's options."""
+"""``alerts.rules.pipeline.rules_options``: which config keys become the generator's options."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from alerts.promtool_tests import eval_time_for
-from alerts.rules import RulesOptions, generate, rules_options
+from alerts.rules.pipeline import RulesOptions, generate, rules_options
+from alerts.rules.promtool_tests import eval_time_for
 from vigil.config import AlertsConfig, Config, parse_config
 from vigil.conventions import ALERT_KV_CACHE_HIGH
 

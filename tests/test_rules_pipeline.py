@@ -1,4 +1,4 @@
-"""``alerts.rules``: each step of the pipeline, asserted on its structured output.
+"""``alerts.rules.pipeline``: each step of the pipeline, asserted on its structured output.
 
 The numbers the expressions compute are checked against Prometheus elsewhere
 (``test_rules_vs_prometheus.py``, ``test_rules_promtool.py``); here: which rules exist, their
@@ -17,7 +17,10 @@ from typing import Any
 import pytest
 from test_slo_fleet import MODEL, OTHER_MODEL
 
-from alerts.promtool_tests import (
+from alerts.rules.model import Origin, Rule, prom_duration
+from alerts.rules.pipeline import RulesOptions, generate, rules_options, validate
+from alerts.rules.promql import le_label, number, sli_error_expr
+from alerts.rules.promtool_tests import (
     INPUT_STEPS,
     EngineExpectations,
     SeriesSource,
@@ -25,14 +28,11 @@ from alerts.promtool_tests import (
     pool_inputs,
     render_template,
 )
-from alerts.rules import RulesOptions, generate, rules_options, validate
-from alerts.rules_model import Origin, Rule, prom_duration
-from alerts.rules_promql import le_label, number, sli_error_expr
-from alerts.scrape_config import scrape_configs
+from alerts.rules.scrape_config import scrape_configs
 from collector.store import Store
-from slo.embedded import EmbeddedSource
-from slo.sli import error_ratio
-from slo.spec import SloSpec
+from slo.objectives.sli import error_ratio
+from slo.objectives.spec import SloSpec
+from slo.sources.embedded import EmbeddedSource
 from vigil import conventions as c
 from vigil.config import Config, load_config, parse_config
 from vigil.errors import ConfigError

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_server import require_prometheus
 
-from alerts.rules import RulesOptions, generate, rules_options, write_files
+from alerts.rules.pipeline import RulesOptions, generate, rules_options, write_files
 from vigil.config import Config, load_config, parse_config
 from vigil.conventions import FILE_ALERT_RULES, FILE_RULES_TEST, FILE_SLO_RULES
 

@@ -24,8 +24,8 @@ import pytest
 from helpers import FIXTURES, exposition_server, free_port, text
 from prometheus_server import PrometheusServer, require_prometheus
 
-from alerts.rules import RulesOptions, generate, write_files
-from alerts.scrape_config import scrape_configs
+from alerts.rules.pipeline import RulesOptions, generate, write_files
+from alerts.rules.scrape_config import scrape_configs
 from collector.exposition import parse
 from collector.scrape import points_from_families
 from collector.service import target_info

@@ -7,10 +7,11 @@ The series are what kube-prometheus-stack's ServiceMonitor stores for a vLLM Dep
 along, ``chat-vllm-b`` starts later and is down for a stretch, and a pod of the same service in
 another namespace (outside the selector) must change no number. Each rule's ``standalone``
 expression is run as an instant query at several times and compared with the engine over
-``PrometheusSource`` (``semantics="2"``, Prometheus 2.42): ``slo.sli.error_ratio``,
-``slo.burn_rate``, ``slo.quantiles``, ``slo.signals``, ``slo.cost``, to 1e-9 relative, absent
-exactly where the engine says ``None``. Scrapes are exactly ``[collector] scrape_interval``
-apart, the interval the cost rules bill a selector's samples for.
+``PrometheusSource`` (``semantics="2"``, Prometheus 2.42): ``slo.objectives.sli.error_ratio``,
+``slo.objectives.burn_rate``, ``slo.objectives.quantiles``, ``slo.scaling.signals``,
+``slo.cost.pool``, to 1e-9 relative, absent exactly where the engine says ``None``. Scrapes are
+exactly ``[collector] scrape_interval`` apart, the interval the cost rules bill a selector's samples
+for.
 """
 
 from __future__ import annotations
@@ -23,14 +24,14 @@ import pytest
 from prometheus_server import PrometheusServer, PromSeries, prometheus_fixture
 from test_slo_fleet import LATENCY_LE, MODEL, TTFT_LE
 
-from alerts.rules import Rule, generate
-from slo.burn_rate import budget_remaining, burn_rate, evaluate_slo
-from slo.cost import pool_cost
-from slo.prometheus import PrometheusSource
-from slo.quantiles import model_quantiles, quantile_key
-from slo.signals import kv_usage_at, queue_length_at
-from slo.sli import error_ratio
-from slo.spec import SloSpec
+from alerts.rules.pipeline import Rule, generate
+from slo.cost.pool import pool_cost
+from slo.objectives.burn_rate import budget_remaining, burn_rate, evaluate_slo
+from slo.objectives.quantiles import model_quantiles, quantile_key
+from slo.objectives.sli import error_ratio
+from slo.objectives.spec import SloSpec
+from slo.scaling.signals import kv_usage_at, queue_length_at
+from slo.sources.prometheus import PrometheusSource
 from vigil.config import parse_config
 
 pytestmark = pytest.mark.slow

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from alerts.promtool_tests import pool_inputs, pool_labels, selector_labels
-from alerts.rules import generate
-from alerts.rules_promql import gpu_cost_expr, kv_usage_expr, replica_kv_usage_expr
+from alerts.rules.pipeline import generate
+from alerts.rules.promql import gpu_cost_expr, kv_usage_expr, replica_kv_usage_expr
+from alerts.rules.promtool_tests import pool_inputs, pool_labels, selector_labels
 from vigil.config import Config, load_config, parse_config
 from vigil.conventions import TARGET_LABELS
 from vigil.errors import ConfigError

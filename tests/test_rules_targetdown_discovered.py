@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from prometheus_server import require_prometheus
 
-from alerts import rules_yaml
-from alerts.rules import generate, write_files
-from alerts.rules_model import Rule
+from alerts.rules import yaml_emitter
+from alerts.rules.model import Rule
+from alerts.rules.pipeline import generate, write_files
 from vigil.config import Config, parse_config
 from vigil.conventions import FILE_ALERT_RULES, FILE_RULES_TEST, FILE_SLO_RULES
 
@@ -97,7 +97,7 @@ def test_targets_without_a_discovery_of_their_pool_keep_their_rules_byte_for_byt
     other = generate(_config([{**_files(), "pool": "batch"}], targets=targets))
 
     def chat_groups(result: Any) -> str:
-        return rules_yaml.dump({"groups": [g.to_dict() for g in result.alert_groups
+        return yaml_emitter.dump({"groups": [g.to_dict() for g in result.alert_groups
                                            if g.name.endswith("-chat")]})
 
     assert "TargetDown" in chat_groups(plain)
@@ -188,6 +188,6 @@ def test_promtool_fires_for_a_discovered_replica_after_three_failed_scrapes(
             ],
         }],
     }
-    (tmp_path / "discovered-test.yml").write_text(rules_yaml.dump(test))
+    (tmp_path / "discovered-test.yml").write_text(yaml_emitter.dump(test))
     done = _run(promtool, "test", "rules", "discovered-test.yml", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -6,9 +6,10 @@ Vigil's store. Prometheus evaluates rules only as new samples arrive, never over
 history, so each rule's expression is run as an instant query instead, at several times: its
 ``standalone`` form, in which the recorded series it reads are replaced by their own
 expressions. Every recorded number must equal the engine's (``EmbeddedSource(store,
-semantics="2")``: ``slo.sli.error_ratio``, ``slo.burn_rate``, ``slo.quantiles``, ``slo.signals``,
-``slo.cost``) to 1e-9 relative, absent exactly where the engine says ``None``, and every alert
-must fire exactly when the engine's ``evaluate_slo`` (or the KV / ``up`` condition) says so.
+semantics="2")``: ``slo.objectives.sli.error_ratio``, ``slo.objectives.burn_rate``,
+``slo.objectives.quantiles``, ``slo.scaling.signals``, ``slo.cost.pool``) to 1e-9 relative, absent
+exactly where the engine says ``None``, and every alert must fire exactly when the engine's
+``evaluate_slo`` (or the KV / ``up`` condition) says so.
 
 The config's SLOs cover the interpolation's edge cases: a threshold inside a bucket, on a
 bucket bound, below the lowest bound (the first bucket starts at 0), above the highest finite
@@ -28,22 +29,22 @@ import pytest
 from prometheus_server import PrometheusServer, PromSeries, prometheus_fixture
 from test_slo_fleet import LATENCY_LE, MODEL, OTHER_MODEL, TTFT_LE
 
-from alerts.rules import Rule, generate
+from alerts.rules.pipeline import Rule, generate
 from collector.store import Store
-from slo.burn_rate import (
+from slo.cost.pool import pool_cost
+from slo.objectives.burn_rate import (
     SloReport,
     budget_remaining,
     burn_rate,
     evaluate_slo,
     slo_burn_alerts,
 )
-from slo.cost import pool_cost
-from slo.embedded import EmbeddedSource
-from slo.quantiles import model_quantiles, quantile_key
-from slo.signals import kv_usage_at, queue_length_at
-from slo.sli import error_ratio
-from slo.source import Source
-from slo.spec import SloSpec
+from slo.objectives.quantiles import model_quantiles, quantile_key
+from slo.objectives.sli import error_ratio
+from slo.objectives.spec import SloSpec
+from slo.scaling.signals import kv_usage_at, queue_length_at
+from slo.sources.embedded import EmbeddedSource
+from slo.sources.protocol import Source
 from vigil.config import BurnRateAlert, Config, parse_config
 from vigil.model import Labels, SeriesKey, labels_of
 

@@ -14,7 +14,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from alerts.rules_yaml import dump, dump_all, scalar
+from alerts.rules.yaml_emitter import dump, dump_all, scalar
 
 TRICKY_STRINGS = [
     "", " ", "a b", " leading", "trailing ", "yes", "No", "ON", "off", "y", "n", "true",

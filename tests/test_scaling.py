@@ -1,5 +1,6 @@
-"""The scaling policy (``slo.scaling.decide``) on synthetic timelines, and
-``slo.signals.recommend_for_pool`` over a real SQLite store read through ``EmbeddedSource``."""
+"""The scaling policy (``slo.scaling.policy.decide``) on synthetic timelines, and
+``slo.scaling.signals.recommend_for_pool`` over a real SQLite store read through
+``EmbeddedSource``."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collector.store import Store
-from slo.embedded import EmbeddedSource
-from slo.scaling import (
+from slo.scaling.policy import (
     SIGNAL_COOLDOWN,
     SIGNAL_KV,
     SIGNAL_MAX_REPLICAS,
@@ -29,7 +29,7 @@ from slo.scaling import (
     latest,
     trend,
 )
-from slo.signals import (
+from slo.scaling.signals import (
     current_replicas,
     last_scale_in_at,
     last_scale_out_at,
@@ -38,6 +38,7 @@ from slo.signals import (
     sample_times,
     ttft_threshold_for,
 )
+from slo.sources.embedded import EmbeddedSource
 from vigil.config import Config, PoolConfig, ScalingConfig, SloConfig
 from vigil.model import SeriesKey
 

@@ -1,4 +1,4 @@
-"""Scale-outs sized by a capacity profile (``slo.scaling.decide(..., capacity=...)``) on
+"""Scale-outs sized by a capacity profile (``slo.scaling.policy.decide(..., capacity=...)``) on
 synthetic timelines, the request-rate signal from a real store, and the status naming the
 profile it used."""
 
@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from collector.store import Store
-from slo.embedded import EmbeddedSource
-from slo.profile_store import ProfileStore
-from slo.scaling import (
+from slo.planning.profile_store import ProfileStore
+from slo.scaling.policy import (
     SIGNAL_CAPACITY,
     SIGNAL_CAPACITY_FLOOR,
     SIGNAL_COOLDOWN,
@@ -27,7 +26,8 @@ from slo.scaling import (
     Timeline,
     decide,
 )
-from slo.signals import pool_signals, rate_window_for, recommend_for_pool, request_rate_at
+from slo.scaling.signals import pool_signals, rate_window_for, recommend_for_pool, request_rate_at
+from slo.sources.embedded import EmbeddedSource
 from slo.status import evaluate
 from vigil.capacity import Basis, CapacityProfile, ProfileIdentity, SloTarget
 from vigil.config import CapacityConfig, Config, PoolConfig, ScalingConfig

@@ -21,10 +21,10 @@ import pytest
 from helpers import free_port
 from prometheus_server import PrometheusServer, require_prometheus, start_prometheus
 
-from alerts import rules_yaml
-from alerts.rules import generate, write_files
-from alerts.rules_cli import add_arguments, run
-from alerts.scrape_config import discovery_job, scrape_configs, scrape_notes
+from alerts.rules import yaml_emitter
+from alerts.rules.cli import add_arguments, run
+from alerts.rules.pipeline import generate, write_files
+from alerts.rules.scrape_config import discovery_job, scrape_configs, scrape_notes
 from collector.discovery import ORIGIN_STATIC, TargetSet
 from collector.service import target_info
 from serving.sim.testing import running_fleet
@@ -192,7 +192,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrometheusS
             "discovery": [{"name": "k8s", "files": ["sd/*.json"], "pool": "batch",
                            "pool_label": "team_pool", "refresh_interval": "1s"}],
         }, file=str(workdir / "vigil.toml"))
-        scrape = rules_yaml.dump(scrape_configs(config))
+        scrape = yaml_emitter.dump(scrape_configs(config))
         server = start_prometheus(prometheus, workdir, scrape, workdir / "data")
         try:
             server.wait_ready()

@@ -9,8 +9,8 @@ import pytest
 from test_slo_fleet import AT, MODEL, TOKENS_LE, Fleet, vllm_labels
 
 from collector.store import Store
-from slo.anomaly import histogram_count_above, pool_anomalies, raw_increase
-from slo.embedded import EmbeddedSource
+from slo.objectives.anomaly import histogram_count_above, pool_anomalies, raw_increase
+from slo.sources.embedded import EmbeddedSource
 from vigil.config import parse_config
 from vigil.model import Point, RequestRecord
 

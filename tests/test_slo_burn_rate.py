@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from alerts.conditions import ConditionState, evaluate_conditions
-from alerts.rules import generate
-from alerts.rules_promql import number
-from slo.burn_rate import (
+from alerts.rules.pipeline import generate
+from alerts.rules.promql import number
+from slo.objectives.burn_rate import (
     SloBurnAlert,
     alert_factor,
     budget_remaining,
@@ -24,9 +24,9 @@ from slo.burn_rate import (
     status_burn_alerts,
     time_to_exhaustion,
 )
-from slo.lookup import Semantics
-from slo.sli import error_ratio
-from slo.spec import SloSpec
+from slo.objectives.sli import error_ratio
+from slo.objectives.spec import SloSpec
+from slo.promql.lookup import Semantics
 from vigil.config import BurnRateAlert, EngineConfig, parse_config
 from vigil.errors import ConfigError
 from vigil.model import Labels

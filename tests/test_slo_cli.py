@@ -14,7 +14,7 @@ from test_slo_fleet import AT, MODEL, busy_pool
 
 from collector.store import Store
 from slo.cli import TABLE_WIDTH, add_arguments, format_table, run
-from slo.embedded import EmbeddedSource
+from slo.sources.embedded import EmbeddedSource
 from slo.status import evaluate
 from vigil.config import parse_config
 from vigil.errors import StoreError

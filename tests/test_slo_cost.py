@@ -14,8 +14,8 @@ from test_slo_fleet import AT, MODEL, OTHER_MODEL, Fleet, target_labels, vllm_la
 
 from collector.store import Store
 from dashboard import whatif
-from slo.cost import coverage_interval, gpu_hours, pool_cost, tier_costs, up_seconds
-from slo.embedded import EmbeddedSource
+from slo.cost.pool import coverage_interval, gpu_hours, pool_cost, tier_costs, up_seconds
+from slo.sources.embedded import EmbeddedSource
 from vigil.config import Config, parse_config
 from vigil.model import RequestRecord, SeriesKey, labels_of
 

@@ -24,7 +24,7 @@ from test_gateway_support import (
 )
 
 from serving.sim.testing import FleetHandle, running_fleet, sample_values, total
-from slo.cost import tier_costs
+from slo.cost.pool import tier_costs
 from vigil.model import RequestRecord
 
 #: USD the pool's GPUs cost over the test: any value; both figures divide the same cost.

@@ -9,9 +9,9 @@ import pytest
 from test_slo_fleet import AT, MODEL, STEP_S, TTFT_LE, Fleet, vllm_labels
 
 from collector.store import Store
-from slo.embedded import EmbeddedSource, avg_aggregate, avg_over_time_value
 from slo.promql import histogram_quantile, increase, instant_value, select_range, sum_by
-from slo.source import Source
+from slo.sources.embedded import EmbeddedSource, avg_aggregate, avg_over_time_value
+from slo.sources.protocol import Source
 from vigil.model import Point, SeriesKey, labels_of
 
 AT_MS = round(AT * 1000)

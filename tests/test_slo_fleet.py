@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from collector.store import Store
-from slo.embedded import EmbeddedSource
+from slo.sources.embedded import EmbeddedSource
 from vigil.model import Point, SeriesKey, labels_of
 
 AT = 1_795_000_000.0  # the evaluation time of every test (Unix seconds)

@@ -42,9 +42,9 @@ from test_slo_fleet import (
 
 from collector.store import Store, rollup
 from slo.cli import add_arguments, run
-from slo.embedded import EmbeddedSource
-from slo.lookup import eval_time_ms
-from slo.prometheus import (
+from slo.promql.lookup import eval_time_ms
+from slo.sources.embedded import EmbeddedSource
+from slo.sources.prometheus import (
     PrometheusSource,
     SourceError,
     format_duration_ms,
@@ -52,7 +52,7 @@ from slo.prometheus import (
     promql_string,
     selector,
 )
-from slo.source import Source
+from slo.sources.protocol import Source
 from slo.status import evaluate
 from vigil.config import parse_config
 from vigil.errors import VigilError

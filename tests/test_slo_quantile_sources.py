@@ -15,14 +15,14 @@ from test_slo_fleet import AT, LATENCY_LE, MODEL, TOKENS_LE, TTFT_LE, Fleet, vll
 from collector.store import Store
 from dashboard import format as fmt
 from slo.cli import add_arguments, format_table
-from slo.embedded import EmbeddedSource
-from slo.quantile import quantile_bounds
-from slo.quantiles import (
+from slo.objectives.quantiles import (
     histogram_figures,
     model_quantiles,
     quantile_range,
     records_cover,
 )
+from slo.promql.quantile import quantile_bounds
+from slo.sources.embedded import EmbeddedSource
 from vigil.conventions import TOKENS_CHUNKS, TOKENS_USAGE
 from vigil.model import RequestRecord
 

@@ -18,8 +18,8 @@ from test_slo_fleet import (
 )
 
 from collector.store import Store
-from slo.embedded import EmbeddedSource
-from slo.quantiles import model_quantiles, normalised_e2e, quantile_key, sample_quantile
+from slo.objectives.quantiles import model_quantiles, normalised_e2e, quantile_key, sample_quantile
+from slo.sources.embedded import EmbeddedSource
 from vigil.model import RequestRecord
 
 TTFT = "vllm:time_to_first_token_seconds"

@@ -17,8 +17,7 @@ from test_slo_fleet import (
 )
 
 from collector.store import Store
-from slo.embedded import EmbeddedSource
-from slo.sli import (
+from slo.objectives.sli import (
     REASON_ENDPOINT,
     REASON_ENDPOINT_REPLICA_UP,
     REASON_NO_DATA,
@@ -26,7 +25,8 @@ from slo.sli import (
     REASON_NO_REQUESTS,
     error_ratio,
 )
-from slo.spec import SloSpec
+from slo.objectives.spec import SloSpec
+from slo.sources.embedded import EmbeddedSource
 from vigil.model import RequestRecord
 
 TTFT = "vllm:time_to_first_token_seconds"

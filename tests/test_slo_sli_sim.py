@@ -14,9 +14,9 @@ import pytest
 
 from collector.store import Store
 from serving.sim.testing import FleetHandle, running_fleet, sample_values, total
-from slo.embedded import EmbeddedSource
-from slo.sli import error_ratio
-from slo.spec import SloSpec
+from slo.objectives.sli import error_ratio
+from slo.objectives.spec import SloSpec
+from slo.sources.embedded import EmbeddedSource
 from vigil.model import SeriesKey, labels_of
 
 AT = 1_795_000_000.0

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from slo.spec import SloSpec, effective_slos
+from slo.objectives.spec import SloSpec, effective_slos
 from vigil.config import parse_config
 
 POOLS = [

@@ -12,8 +12,8 @@ import pytest
 from test_slo_fleet import AT, MODEL, busy_pool
 
 from collector.store import Store
-from slo.embedded import EmbeddedSource
-from slo.sli import REASON_NO_REQUEST_DATA
+from slo.objectives.sli import REASON_NO_REQUEST_DATA
+from slo.sources.embedded import EmbeddedSource
 from slo.status import evaluate, json_safe, source_kind
 from vigil.config import parse_config
 
@@ -158,7 +158,7 @@ def test_scaling_block_comes_from_the_scaling_module_when_present(
 ) -> None:
     scaling = status["pools"]["chat"]["scaling"]
     try:
-        import slo.signals  # noqa: F401
+        import slo.scaling.signals  # noqa: F401
     except ImportError:
         assert scaling is None
         return

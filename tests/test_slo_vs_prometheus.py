@@ -21,10 +21,10 @@ from prometheus_server import PrometheusServer, PromSeries, prometheus_fixture
 from test_slo_fleet import MODEL, TTFT_LE, target_labels, vllm_labels
 
 from collector.store import Store
-from slo.embedded import EmbeddedSource, avg_aggregate
-from slo.quantile import histogram_quantile
-from slo.sli import error_ratio
-from slo.spec import SloSpec
+from slo.objectives.sli import error_ratio
+from slo.objectives.spec import SloSpec
+from slo.promql.quantile import histogram_quantile
+from slo.sources.embedded import EmbeddedSource, avg_aggregate
 from vigil.model import Labels, SeriesKey, labels_of
 
 pytestmark = pytest.mark.slow

@@ -26,7 +26,7 @@ from collector.vllm_families import (
     parse_version,
 )
 from slo.cli import TABLE_WIDTH, format_table
-from slo.embedded import EmbeddedSource
+from slo.sources.embedded import EmbeddedSource
 from slo.status import evaluate
 from vigil.clock import ManualClock
 from vigil.config import load_config, parse_config

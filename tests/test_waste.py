@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from collector.store import Store
-from slo.embedded import EmbeddedSource
-from slo.waste import lower_bound_replicas, step_times, waste
+from slo.cost.waste import lower_bound_replicas, step_times, waste
+from slo.sources.embedded import EmbeddedSource
 from vigil.config import parse_config
 from vigil.model import SeriesKey
 

@@ -470,7 +470,7 @@ class BurnRateAlert(_Section):
     """One row of the multiwindow multi-burn-rate table (SRE workbook, table 5-8).
 
     A row gives ``budget_share`` (each SLO's factor is then derived from its own period,
-    ``slo.burn_rate.alert_factor``) or a fixed ``factor``, not both.
+    ``slo.objectives.burn_rate.alert_factor``) or a fixed ``factor``, not both.
     """
 
     severity: Literal["page", "ticket"]

@@ -139,7 +139,7 @@ OUTBOX_DONE = "done"
 OUTBOX_GIVEN_UP = "given_up"
 OUTBOX_SUPERSEDED = "superseded"
 
-# --- Prometheus rules (alerts/rules*.py, alerts/keda.py: `vigil rules prometheus|keda`) ------
+# --- Prometheus rules (alerts/rules/: `vigil rules prometheus|keda`) ------------------------------
 # Recording rules, with the names Sloth users know. ``{window}`` is a Prometheus duration
 # ("5m", "1d", "30d"). Every ``slo:*`` series carries LABEL_SLO, LABEL_POOL, LABEL_MODEL_NAME.
 RULE_SLI_ERROR = "slo:sli_error:ratio_rate{window}"
@@ -150,7 +150,8 @@ RULE_CURRENT_BURN_RATE = "slo:current_burn_rate:ratio"
 RULE_PERIOD_BURN_RATE = "slo:period_burn_rate:ratio"
 RULE_PERIOD_BUDGET_REMAINING = "slo:period_error_budget_remaining:ratio"
 #: Per pool and model (LABEL_POOL, LABEL_MODEL_NAME): ``{signal}`` is a key of
-#: slo.quantiles.LATENCY_HISTOGRAMS ("ttft_seconds", "e2e_seconds"), ``{quantile}`` "p95".
+#: slo.objectives.quantiles.LATENCY_HISTOGRAMS ("ttft_seconds", "e2e_seconds"), ``{quantile}``
+#: "p95".
 RULE_QUANTILE = "vigil:{signal}:{quantile}_{window}"
 #: Per pool (LABEL_POOL): KV-cache usage mean / max over replicas, waiting requests.
 RULE_KV_USAGE_AVG = "vigil:kv_cache_usage:avg"
@@ -420,7 +421,7 @@ VLLM_PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
 VLLM_PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
 VLLM_SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 VLLM_SPEC_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
-#: ``finished_reason`` of a request the server aborted (not an error; see slo/sli.py).
+#: ``finished_reason`` of a request the server aborted (not an error; see slo/objectives/sli.py).
 FINISHED_REASON_ABORT = "abort"
 #: DCGM exporter fields for GPU SM utilisation: the profiling ratio (0-1) when the exporter
 #: collects it, else the coarse utilisation in percent; and the GPU index label.

@@ -1,10 +1,10 @@
 """``vigil capacity``: the highest load one replica serves within its SLOs, measured.
 
 ``vigil capacity --url BASE --model M [--config F] [--pool P]`` runs the capacity search
-(``slo.capacity_search.search``) against a live replica or gateway: each level is a closed-loop
-probe (``serving.loadgen.probe.run_probe``) of streamed chat completions of one request shape
-(``--prompt-tokens``, ``--output-tokens``), judged against every latency SLO of the pool (or of
-the model; without ``--config``, the defaults of ``[slo_defaults]``). It prints the probes and
+(``slo.planning.capacity_search.search``) against a live replica or gateway: each level is a
+closed-loop probe (``serving.loadgen.probe.run_probe``) of streamed chat completions of one request
+shape (``--prompt-tokens``, ``--output-tokens``), judged against every latency SLO of the pool (or
+of the model; without ``--config``, the defaults of ``[slo_defaults]``). It prints the probes and
 the result: the highest passing concurrency, its goodput (requests/s within every SLO) and
 output tokens/s. ``--save`` keeps the result in ``[capacity] profiles_path`` as a ``measured``
 profile for the planner and the scaling policy; ``--list`` prints the saved profiles.
@@ -25,9 +25,9 @@ from typing import Any, TextIO
 
 import httpx
 
-from slo.capacity_search import SearchResult, profile_from_search, search
-from slo.profile_store import ProfileStore
-from slo.spec import effective_slos
+from slo.objectives.spec import effective_slos
+from slo.planning.capacity_search import SearchResult, profile_from_search, search
+from slo.planning.profile_store import ProfileStore
 from vigil.capacity import CapacityProfile, Probe, ProfileIdentity, SloTarget
 from vigil.cli_options import add_config_option, add_json_option
 from vigil.config import Config, PoolConfig, SloDefaults, check_http_url, load_config

@@ -126,7 +126,7 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
 
 
 def _cmd_rules(args: argparse.Namespace) -> int:
-    from alerts import rules_cli
+    from alerts.rules import cli as rules_cli
 
     return int(rules_cli.run(args))
 
@@ -210,7 +210,7 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
         ("alerts", "firing alerts and the notification outbox", "vigil_shell.alerts_cli",
          _cmd_alerts),
         ("rules", "Prometheus recording/alert rules, scrape config and KEDA ScaledObjects",
-         "alerts.rules_cli", _cmd_rules),
+         "alerts.rules.cli", _cmd_rules),
         ("sim", "run a simulated vLLM fleet (no GPU needed)", "serving.sim.cli", _cmd_sim),
         ("loadgen", "send a mixed workload to a vLLM-compatible endpoint", "serving.loadgen",
          _cmd_loadgen),

@@ -1,7 +1,7 @@
 """``vigil plan``: the cheapest configuration that meets the SLOs for the pool's traffic.
 
 The traffic is ``--rate R`` (requests/s all day) or ``--forecast`` (the default): the next day
-forecast from the last ``--days`` days of the store's history (``slo.forecast``). The
+forecast from the last ``--days`` days of the store's history (``slo.planning.forecast``). The
 candidates are the saved capacity profiles of the pool's model (``[capacity] profiles_path``),
 the pool's observed capacity when the history shows one (whenever there is a store or a
 Prometheus to read), and the
@@ -12,7 +12,7 @@ is kept (measured > observed > estimated), then the one saved for the pool, then
 Every figure carries its basis. The table lists the candidates that meet every SLO cheapest
 first, then the others, beside today's configuration and what the cheapest saves per month.
 ``--lever batch|cache|output-tokens`` (repeatable) pulls a lever measured from the gateway's
-records (``slo.plan.measure_levers``).
+records (``slo.planning.plan.measure_levers``).
 
 Exit codes: 0 with a candidate meeting every SLO; 1 when none does (the output says why);
 2 on a configuration error.
@@ -30,8 +30,14 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from slo.forecast import SECONDS_PER_DAY, TrafficForecast, constant_traffic, forecast_from_history
-from slo.plan import (
+from slo.planning.candidates import gather_candidates
+from slo.planning.forecast import (
+    SECONDS_PER_DAY,
+    TrafficForecast,
+    constant_traffic,
+    forecast_from_history,
+)
+from slo.planning.plan import (
     LEVER_NAMES,
     CandidatePlan,
     Levers,
@@ -41,8 +47,7 @@ from slo.plan import (
     plan,
     required_slos,
 )
-from slo.plan_candidates import gather_candidates
-from slo.source import Source
+from slo.sources.protocol import Source
 from vigil.cli_options import add_at_option, add_config_option, add_json_option
 from vigil.config import Config, PoolConfig, load_config
 from vigil.errors import ConfigError
@@ -108,7 +113,7 @@ def _pool(config: Config, name: str | None, file: str) -> PoolConfig:
 @contextmanager
 def _maybe_source(config: Config, file: str, needed: bool) -> Iterator[Source | None]:
     """The configured source; ``None`` when it is not needed and the store does not exist."""
-    from slo.cli import open_source
+    from slo.sources.open import open_source
 
     if not needed and not config.engine.prometheus_url and not config.store_path().exists():
         yield None
@@ -144,7 +149,7 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
             config, pool, source=source, at_s=at, span_s=span, estimator=estimator)
         levers: Levers | None = None
         if args.lever:
-            from slo.cli import request_log
+            from slo.sources.open import request_log
 
             log = request_log(config)
             records = list(log.records(pool.name, at, span)) if log is not None else []

@@ -10,7 +10,7 @@ One asyncio loop runs one ``AsyncIOScheduler`` with these jobs:
   group_wait/group_interval is due, then ``deliver_due``).
 
 With ``[engine] prometheus_url`` (or ``--prometheus-url``) there is no collector and no
-store: a Prometheus scrapes the replicas, ``evaluate`` reads it (``slo.prometheus``), and
+store: a Prometheus scrapes the replicas, ``evaluate`` reads it (``slo.sources.prometheus``), and
 replica health (``TargetDown``) comes from its ``up`` series, each replica named by its pool's
 replica label. A failed evaluation (the source unreachable) leaves the alerts as they were and
 is tried again on the next tick.
@@ -152,7 +152,7 @@ class EvaluationResult:
 def _replica_kv_usage(config: Config, source: Any, at_s: float) -> dict[tuple[str, str], float]:
     """``{(pool, replica): mean KV usage}``: each pool's ``vllm:kv_cache_usage_perc`` read
     through its own matchers, its replicas told apart by the source's replica label."""
-    from slo.sli import pool_series, replica_label
+    from slo.objectives.sli import pool_series, replica_label
 
     out: dict[tuple[str, str], float] = {}
     for pool in config.pools:
@@ -187,18 +187,18 @@ class _StoreEvaluator:
         self._store: Any = None
 
     def describe(self) -> str:
-        from slo.cli import embedded_semantics
+        from slo.sources.open import embedded_semantics
 
         sem = embedded_semantics(self.config.engine.promql_semantics)
         return f"store {self.config.store_path()} (PromQL {sem})"
 
     def _source(self) -> Any:
         from collector.store import Store
-        from slo.embedded import EmbeddedSource
+        from slo.sources.embedded import EmbeddedSource
 
         if self._store is None:
             self._store = Store(self.config.store_path(), readonly=True)
-        from slo.cli import embedded_semantics
+        from slo.sources.open import embedded_semantics
 
         return EmbeddedSource(self._store,
                               semantics=embedded_semantics(self.config.engine.promql_semantics),
@@ -207,7 +207,7 @@ class _StoreEvaluator:
     def evaluate(self, at_s: float, targets: Sequence[TargetConfig]) -> EvaluationResult:
         """The status at ``at_s``; ``targets``: the ones the collector scrapes now (static
         and discovered)."""
-        from slo.cli import request_log
+        from slo.sources.open import request_log
         from slo.status import evaluate
 
         t0 = time.perf_counter()
@@ -243,7 +243,7 @@ class _PrometheusEvaluator:
     until the server has answered once (it may be down when `vigil serve` starts)."""
 
     def __init__(self, config: Config, url: str):
-        from slo.prometheus import PrometheusSource
+        from slo.sources.prometheus import PrometheusSource
 
         self.config = config
         sem = config.engine.promql_semantics
@@ -260,7 +260,7 @@ class _PrometheusEvaluator:
 
     def evaluate(self, at_s: float, targets: Sequence[TargetConfig] = ()) -> EvaluationResult:
         """The status at ``at_s``; ``targets`` is unused (Prometheus knows its own)."""
-        from slo.cli import request_log
+        from slo.sources.open import request_log
         from slo.status import evaluate
 
         t0 = time.perf_counter()
@@ -282,7 +282,7 @@ class _PrometheusEvaluator:
         health, and its consecutive failed scrapes, from Prometheus's ``up``,
         ``scrape_duration_seconds`` and ``scrape_samples_scraped``. A replica whose ``up`` is
         stale (gone from discovery) is left out, as the ``up == 0`` rule forgets it."""
-        from slo.sli import replica_label, up_matchers
+        from slo.objectives.sli import replica_label, up_matchers
 
         source = self.source
         n = self.config.alerts.target_down_scrapes

@@ -39,7 +39,7 @@ head) is read sample by sample.
 
 Exactness. The result is the same float64 as computing from all samples: the count and the
 first/last samples are facts, and the resets are returned individually, in sample order, so
-the caller adds them one at a time exactly as ``slo.rate._raw_change`` does (no reliance on
+the caller adds them one at a time exactly as ``slo.promql.rate._raw_change`` does (no reliance on
 the sum being exact). Drops are detected with IEEE comparisons: values are compared only when
 both are REALs (a NaN sample is stored as the TEXT ``'NaN'`` and never starts or ends a drop,
 as ``NaN < x`` is false in Go); ±Inf are REALs and compare as in Go.

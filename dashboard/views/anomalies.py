@@ -1,6 +1,6 @@
 """Anomalies: requests with more than ``[anomaly] token_multiplier`` × the mean tokens per
-request (10× by default), from ``slo.anomaly.pool_anomalies``: exactly, request by request,
-where the gateway recorded them; else the lower bound vLLM's token histograms allow."""
+request (10× by default), from ``slo.objectives.anomaly.pool_anomalies``: exactly, request by
+request, where the gateway recorded them; else the lower bound vLLM's token histograms allow."""
 
 from __future__ import annotations
 

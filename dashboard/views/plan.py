@@ -3,8 +3,8 @@ pool's traffic (replicas, cost per 1000 requests, cost per month, headroom, each
 is known), both replicas-over-the-day curves, the waste over the range (GPU-hours used against
 the lower bound the traffic needed) and, on demand, a replay of the scaling policy.
 
-The figures come from ``dashboard.plan_data`` (``slo.plan``, ``slo.forecast``, ``slo.waste``,
-``slo.replay``); this page lays them out."""
+The figures come from ``dashboard.plan_data`` (``slo.planning.plan``, ``slo.planning.forecast``,
+``slo.cost.waste``, ``slo.planning.replay``); this page lays them out."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from dashboard.plan_data import (
     replay_summary,
     waste_rows,
 )
-from slo.plan import CandidatePlan
+from slo.planning.plan import CandidatePlan
 from vigil.config import PoolConfig
 
 ctx = data.context()
@@ -227,7 +227,8 @@ def _replay_section(pool: PoolConfig, start_s: float, end_s: float) -> None:
         return
     summary = _replay(ctx.key, pool.name, start_s, end_s)
     if summary is None:
-        st.caption(":material/info: The replay needs `slo.replay`, which is not installed.")
+        st.caption(":material/info: The replay needs `slo.planning.replay`, which is not "
+                   "installed.")
         return
     counts = summary.counts
     cols = st.columns(3)

@@ -16,7 +16,7 @@ from dashboard.charts import PAGE_COLOR, TICKET_COLOR, Rule
 from dashboard.gateway_data import CLASS_OK
 from dashboard.status_view import STATE_COLORS, filter_slos, slo_state
 from dashboard.timeseries import chart_step, chart_times
-from slo.burn_rate import burn_windows, status_burn_alerts
+from slo.objectives.burn_rate import burn_windows, status_burn_alerts
 from vigil.config import PoolConfig
 from vigil.conventions import (
     FINISHED_REASON_ABORT,

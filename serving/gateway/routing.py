@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from serving.gateway.prefix import CHUNK_TOKENS, PromptKey
-from slo.spec import effective_slos
+from slo.objectives.spec import effective_slos
 from vigil.config import Config
 from vigil.conventions import ENDPOINT_ALL
 

@@ -6,11 +6,12 @@ loop: each client sends its next request the moment the previous one ends), timi
 a prompt that shares no prefix with the others (so neither a prefix cache nor the gateway's
 cache makes it cheaper than real traffic) and generates exactly its ``max_tokens`` (vLLM's
 ``ignore_eos``); both lengths are drawn uniformly within ±50 % of ``prompt_tokens`` and
-``output_tokens`` (``slo.capacity_search.RANGE_RATIO``, ``vllm bench serve``'s
+``output_tokens`` (``slo.planning.capacity_search.RANGE_RATIO``, ``vllm bench serve``'s
 ``--random-range-ratio 0.5``), so that the loop does not stay in lock step.
 
 What is measured, and why (which requests count and when the probe ends is decided by
-``slo.capacity_search.ProbeWindow``, pure, so that its rules are tested on synthetic outcomes):
+``slo.planning.capacity_search.ProbeWindow``, pure, so that its rules are tested on synthetic
+outcomes):
 
 * The first ``concurrency`` requests are a warm-up and are not counted: they start together
   on an idle server, which real steady load never does.
@@ -47,7 +48,7 @@ import httpx
 from serving.loadgen.client import send_one
 from serving.loadgen.report import RequestResult
 from serving.loadgen.workload import PlannedRequest
-from slo.capacity_search import (
+from slo.planning.capacity_search import (
     Margin,
     ProbeWindow,
     RequestOutcome,
@@ -77,7 +78,7 @@ def probe_request(model: str, prompt_tokens: int, output_tokens: int, index: int
     """The ``index``-th request of a probe: a streamed chat completion of about
     ``prompt_tokens`` prompt tokens (the count opens the text, so no two requests share a
     cacheable prefix) asking for exactly ``output_tokens`` tokens, both drawn within
-    ``RANGE_RATIO`` of the given means (``slo.capacity_search.probe_length``)."""
+    ``RANGE_RATIO`` of the given means (``slo.planning.capacity_search.probe_length``)."""
     prompt_tokens = probe_length(prompt_tokens, rng)
     output_tokens = probe_length(output_tokens, rng)
     want = max(1, prompt_tokens - _TEMPLATE_TOKENS) * _CHARS_PER_TOKEN

@@ -1,6 +1,6 @@
 """Capacity estimated from the simulator's calibration: a capacity search without a GPU.
 
-``estimated_capacity`` runs the capacity search (``slo.capacity_search.search_sync``: 1, 2,
+``estimated_capacity`` runs the capacity search (``slo.planning.capacity_search.search_sync``: 1, 2,
 4, ... requests in flight until a level fails, then bisection to ``[capacity] precision``) over
 virtual-time runs of the simulated engine calibrated for the configuration's model and GPU
 (``serving.sim.profiles``). Each probe is a closed loop: ``concurrency`` requests are kept in
@@ -14,14 +14,14 @@ steady load. The engine is stepped on
 the virtual clock ``serving.sim.virtual.run_virtual`` uses (each step moves the clock by its
 modelled duration), so a whole search takes a second or two of CPU however long it "runs".
 
-A probe measures as a live one does, by the same rules (``slo.capacity_search.ProbeWindow``,
-``[capacity]``): the first ``concurrency`` requests all arrive at once and are left out (the
-burst is not the steady state); a level far within the thresholds passes on the latency
-margin; any other runs at least ``probe_duration`` of virtual time and ``min_probe_requests``
-requests, and is extended while its judgement is unresolved, up to ``max_probe_requests`` but
-never past ``VIRTUAL_EXTENSION`` times ``min_probe_requests`` (CPU time: a probe near the knee
-would otherwise simulate thousands of requests). One still unresolved there is decided on its
-point estimate, as a live probe at its request limit is, and the notes say so.
+A probe measures as a live one does, by the same rules
+(``slo.planning.capacity_search.ProbeWindow``, ``[capacity]``): the first ``concurrency`` requests
+all arrive at once and are left out (the burst is not the steady state); a level far within the
+thresholds passes on the latency margin; any other runs at least ``probe_duration`` of virtual time
+and ``min_probe_requests`` requests, and is extended while its judgement is unresolved, up to
+``max_probe_requests`` but never past ``VIRTUAL_EXTENSION`` times ``min_probe_requests`` (CPU time:
+a probe near the knee would otherwise simulate thousands of requests). One still unresolved there is
+decided on its point estimate, as a live probe at its request limit is, and the notes say so.
 
 The result has basis ``"estimated"`` and says so: the simulator's step-time model is a
 calibration of orders of magnitude (``serving.sim.profiles``), not a measurement. Only
@@ -41,7 +41,7 @@ from serving.sim.engine import Engine, EngineConfig, SpecDecodeConfig
 from serving.sim.profiles import DEFAULT_MODEL, PROFILES, Profile
 from serving.sim.request import EngineRequest
 from serving.sim.text import Prompt
-from slo.capacity_search import (
+from slo.planning.capacity_search import (
     RANGE_RATIO,
     Margin,
     ProbeWindow,
@@ -140,7 +140,7 @@ def simulate_probe(profile: Profile, identity: ProfileIdentity, concurrency: int
     """One closed-loop probe of ``concurrency`` requests in flight on a virtual-time engine
     with ``profile``'s calibration (module docs); the identity's shape must be set.
 
-    Which requests count and when the probe ends is ``slo.capacity_search.ProbeWindow``'s
+    Which requests count and when the probe ends is ``slo.planning.capacity_search.ProbeWindow``'s
     decision, as for a live probe; only the request cap is lower (``VIRTUAL_EXTENSION``)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, not {concurrency!r}")

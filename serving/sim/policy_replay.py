@@ -3,12 +3,12 @@ them: what each policy would have cost, in GPU-hours, and what latency it would 
 
 Two policies, on the same traffic and the same simulated GPU:
 
-* ``threshold``: today's policy, ``slo.scaling.decide`` on the simulated signals (KV-cache
+* ``threshold``: today's policy, ``slo.scaling.policy.decide`` on the simulated signals (KV-cache
   usage, queue length, TTFT p95), every tick (``[collector] scrape_interval``), with its
   cooldown, scale-in hold and projection over the spin-up time;
 * ``capacity``: capacity-sized: every tick, ``ceil(projected λ / μ)`` replicas, ``λ`` the
   arrival rate (requests per second), projected by its least-squares trend
-  (``slo.scaling.trend`` over the fit window) ``[scaling] spinup`` ahead when rising, ``μ``
+  (``slo.scaling.policy.trend`` over the fit window) ``[scaling] spinup`` ahead when rising, ``μ``
   the capacity of one replica at the SLO; more replicas are ordered at once, fewer only when
   the target stayed lower for the whole ``[scaling] scale_in_hold`` (down to the highest
   target of that span).
@@ -43,10 +43,10 @@ from serving.sim.engine import Engine, EngineConfig
 from serving.sim.profiles import Profile, get_profile
 from serving.sim.text import Prompt
 from serving.sim.virtual import Arrival, poisson_arrivals, run_virtual
-from slo.scaling import Timeline, decide, fit_window_for, trend
-from slo.signals import ttft_threshold_for
-from slo.spec import effective_slos
-from slo.waste import lower_bound_replicas
+from slo.cost.waste import lower_bound_replicas
+from slo.objectives.spec import effective_slos
+from slo.scaling.policy import Timeline, decide, fit_window_for, trend
+from slo.scaling.signals import ttft_threshold_for
 from vigil.capacity import SloTarget
 from vigil.config import Config, PoolConfig
 
@@ -241,7 +241,7 @@ def rate_function(traffic: Traffic, tick_s: float) -> Callable[[float], float]:
 def lower_bound_gpu_hours(rate: Callable[[float], float], start_s: float, end_s: float,
                           step_s: float, capacity_rps_per_replica: float, gpus_per_replica: int,
                           *, samples_per_step: int = 60) -> float:
-    """``slo.waste``'s lower bound for a rate curve: per ``step_s`` step, ``ceil(mean λ / μ)``
+    """``slo.cost.waste``'s lower bound for a rate curve: per ``step_s`` step, ``ceil(mean λ / μ)``
     replicas for the step (GPU-hours), ``mean λ`` sampled ``samples_per_step`` times."""
     total = 0.0
     t = start_s

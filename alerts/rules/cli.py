@@ -1,0 +1,205 @@
+"""``vigil rules prometheus`` and ``vigil rules keda``: generated Prometheus and KEDA files.
+
+Wire it as a subcommand with sub-subcommands::
+
+    p = sub.add_parser("rules", help="Prometheus rules, scrape config and KEDA objects")
+    alerts.rules.cli.add_arguments(p)
+    p.set_defaults(func=alerts.rules.cli.run)
+
+``vigil rules prometheus --config F [--out DIR]`` writes ``DIR/vigil-slo-rules.yml``,
+``DIR/vigil-alert-rules.yml``, ``DIR/vigil-rules-test.yml`` and ``DIR/prometheus-scrape.yml``;
+without ``--out`` it prints the recording and alerting rules as one rule file.
+``vigil rules prometheus --format operator [--namespace NS] [--label K=V ...]
+[--pod-selector K=V,...] [--port NAME] [--pod-namespace NS] [--dcgm-pod-selector K=V,...]
+[--dcgm-port NAME] [--dcgm-namespace NS]`` writes ``DIR/vigil-operator.yml`` (or prints it):
+PodMonitors and PrometheusRules for the Prometheus Operator (``alerts.rules.operator``).
+``vigil rules keda --config F [--out DIR] [--prometheus-url URL] [--namespace NS]
+[--scale-target NAME] [--signal vllm|vigil]`` writes ``DIR/vigil-keda.yml`` (or prints it).
+Notes (SLOs skipped, triggers left out) go to stderr; errors are ``VigilError``s (exit 2 for a
+bad config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, TextIO
+
+from vigil.cli_options import (
+    add_config_option,
+    add_out_option,
+    add_prometheus_url_option,
+    positive_duration_arg,
+)
+from vigil.conventions import (
+    FILE_KEDA,
+    FILE_OPERATOR,
+    OPERATOR_DCGM_PORT,
+    OPERATOR_POD_SELECTOR,
+    OPERATOR_PORT,
+)
+from vigil.errors import ConfigError
+
+if TYPE_CHECKING:
+    from alerts.rules.operator import OperatorOptions
+
+__all__ = ["FORMATS", "FORMAT_FILES", "FORMAT_OPERATOR", "add_arguments", "run"]
+
+#: ``vigil rules prometheus --format``: rule files and scrape jobs, or Operator objects.
+FORMAT_FILES = "files"
+FORMAT_OPERATOR = "operator"
+FORMATS = (FORMAT_FILES, FORMAT_OPERATOR)
+#: The options of ``--format operator`` alone (argparse dest, flag).
+_OPERATOR_OPTIONS = (
+    ("namespace", "--namespace"), ("label", "--label"), ("pod_selector", "--pod-selector"),
+    ("port", "--port"), ("pod_namespace", "--pod-namespace"),
+    ("dcgm_pod_selector", "--dcgm-pod-selector"), ("dcgm_port", "--dcgm-port"),
+    ("dcgm_namespace", "--dcgm-namespace"),
+)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    add_config_option(p)
+    add_out_option(p, help="write the files into DIR (created if missing) instead of printing")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The sub-subcommands of ``vigil rules`` and their flags (``args.rules_command``)."""
+    sub = parser.add_subparsers(dest="rules_command", metavar="SUBCOMMAND", required=True)
+    p = sub.add_parser(
+        "prometheus",
+        help="recording and alerting rules, their promtool tests and the scrape config",
+        description="Prometheus recording and alerting rules from the SLO specs, promtool "
+                    "unit tests for them, and the scrape jobs that label the targets as Vigil "
+                    "does.",
+    )
+    _common(p)
+    p.add_argument("--interval", type=positive_duration_arg, default=None, metavar="DURATION",
+                   help="evaluation interval of the rule groups (default: [rules] interval)")
+    p.add_argument("--period-interval", type=positive_duration_arg, default=None,
+                   metavar="DURATION",
+                   help="evaluation interval of the 30-day budget groups (default: [rules] "
+                        "period_interval)")
+    p.add_argument("--format", choices=FORMATS, default=FORMAT_FILES,
+                   help="files: rule files, promtool tests and scrape jobs (default); "
+                        "operator: Prometheus Operator PodMonitors and PrometheusRules")
+    _operator_arguments(p.add_argument_group(
+        "--format operator", "where the objects go and how the PodMonitors find the pods"))
+    p = sub.add_parser(
+        "keda",
+        help="one KEDA ScaledObject per pool",
+        description="KEDA ScaledObjects that scale each pool on Vigil's scale-out signals.",
+    )
+    _common(p)
+    add_prometheus_url_option(p, default="",
+                              help="the Prometheus KEDA queries (default: [engine] "
+                                   "prometheus_url, else the Prometheus Operator's service)")
+    p.add_argument("--namespace", default="", help="namespace of the ScaledObjects")
+    p.add_argument("--scale-target", default="{pool}", metavar="NAME",
+                   help="the Deployment to scale; {pool} is replaced by the pool's name "
+                        "(default: {pool})")
+    p.add_argument("--signal", choices=("vllm", "vigil"), default="vllm",
+                   help="vllm: trigger on queue, KV cache and TTFT p95 read from vLLM (default); "
+                        "vigil: on vigil serve's desired replicas (Prometheus must scrape it)")
+
+
+def _operator_arguments(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--namespace", default=None, metavar="NS",
+                   help="namespace of the objects (default: kubectl's current one)")
+    g.add_argument("--label", action="append", default=None, metavar="KEY=VALUE",
+                   help="a metadata label of every object, e.g. release=kube-prometheus-stack "
+                        "for the Prometheus's ruleSelector and podMonitorSelector (repeatable)")
+    g.add_argument("--pod-selector", default=None, metavar="K=V,...",
+                   help="matchLabels of a pool's vLLM pods, {pool} replaced by its name "
+                        f"(default: {OPERATOR_POD_SELECTOR}, vLLM production-stack's)")
+    g.add_argument("--port", default=None, metavar="NAME",
+                   help=f"name of the vLLM pods' metrics port (default: {OPERATOR_PORT})")
+    g.add_argument("--pod-namespace", default=None, metavar="NS",
+                   help="namespace of the vLLM pods (default: the PodMonitor's)")
+    g.add_argument("--dcgm-pod-selector", default=None, metavar="K=V,...",
+                   help="matchLabels of a pool's dcgm-exporter pods, {pool} replaced (default: "
+                        "none, no dcgm-exporter PodMonitor)")
+    g.add_argument("--dcgm-port", default=None, metavar="NAME",
+                   help=f"dcgm-exporter's metrics port name (default: {OPERATOR_DCGM_PORT})")
+    g.add_argument("--dcgm-namespace", default=None, metavar="NS",
+                   help="namespace of the dcgm-exporter pods (default: the PodMonitor's)")
+
+
+def _operator_options(args: argparse.Namespace) -> OperatorOptions:
+    from alerts.rules.operator import OperatorOptions, parse_label
+
+    given = {dest: getattr(args, dest) for dest, _ in _OPERATOR_OPTIONS
+             if getattr(args, dest) is not None}
+    labels = tuple(parse_label(text) for text in given.pop("label", []))
+    return OperatorOptions(labels=labels, **given)
+
+
+def _emit(files: dict[str, str], out_dir: str | None, stdout_text: str, out: TextIO) -> None:
+    from alerts.rules.pipeline import write_files
+
+    if out_dir is None:
+        out.write(stdout_text)
+        return
+    for path in write_files(files, out_dir):
+        out.write(f"wrote {path}\n")
+
+
+def _prometheus(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from alerts.rules.operator import generate_operator
+    from alerts.rules.pipeline import generate, rules_options
+    from vigil.config import load_config
+
+    config = load_config(args.config)
+    options = rules_options(config, interval_s=args.interval,
+                            period_interval_s=args.period_interval)
+    operator = args.format == FORMAT_OPERATOR
+    if not operator:
+        given = [flag for dest, flag in _OPERATOR_OPTIONS if getattr(args, dest) is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: only with --format operator")
+    operator_options = _operator_options(args) if operator else None
+    result = generate(config, options)
+    for name, reason in result.validated.skipped:
+        err.write(f"vigil rules prometheus: skipped SLO {name}: {reason}\n")
+    if operator_options is None and args.out is not None:  # the scrape jobs are written
+        from alerts.rules.scrape_config import scrape_notes
+
+        for note in scrape_notes(config):
+            err.write(f"vigil rules prometheus: {note}\n")
+    if operator_options is not None:
+        objects = generate_operator(result, operator_options)
+        for note in objects.notes:
+            err.write(f"vigil rules prometheus: {note}\n")
+        text = objects.text()
+        _emit({FILE_OPERATOR: text}, args.out, text, out)
+        return 0
+    _emit(result.files(), args.out, result.all_rules_text(), out)
+    return 0
+
+
+def _keda(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from alerts.rules.keda import KedaOptions, generate_keda
+    from vigil.config import load_config
+
+    config = load_config(args.config)
+    options = KedaOptions(prometheus_url=args.prometheus_url.rstrip("/"),
+                          namespace=args.namespace, scale_target=args.scale_target,
+                          signal=args.signal)
+    result = generate_keda(config, options)
+    for warning in result.warnings:
+        err.write(f"vigil rules keda: {warning}\n")
+    text = result.text()
+    _emit({FILE_KEDA: text}, args.out, text, out)
+    return 0
+
+
+def run(args: argparse.Namespace, *, out: TextIO | None = None,
+        err: TextIO | None = None) -> int:
+    """Run ``vigil rules <prometheus|keda>``; returns the exit code."""
+    stdout = out if out is not None else sys.stdout
+    stderr = err if err is not None else sys.stderr
+    if args.rules_command == "prometheus":
+        return _prometheus(args, stdout, stderr)
+    if args.rules_command == "keda":
+        return _keda(args, stdout, stderr)
+    raise ValueError(f"unknown rules subcommand {args.rules_command!r}")  # argparse prevents it

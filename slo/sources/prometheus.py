@@ -1,0 +1,370 @@
+"""``PrometheusSource``: the ``Source`` protocol answered by a Prometheus-compatible server.
+
+Every method builds one PromQL expression and evaluates it on the server with an instant
+query (``/api/v1/query`` through ``prometheus_api_client.PrometheusConnect.custom_query``), so
+the per-series functions *and* the aggregations (``sum by``) run there, as they would in a
+Grafana panel. Thanos, Mimir, Cortex and VictoriaMetrics serve the same API.
+
+=====================  ===================================================================
+method                 query
+=====================  ===================================================================
+``increase``           ``sum by (<by>) (increase(<m>{<matchers>}[<w>]))``
+``bucket_increase``    ``sum by (<by>, le) (increase(<m>_bucket{<matchers>}[<w>]))``,
+                       regrouped client-side into ``(le, count)`` lists per ``<by>`` group
+``instant``            ``<m>{<matchers>}``
+``avg_over_time``      ``avg_over_time(<m>{<matchers>}[<w>])``
+``samples``            ``<m>{<matchers>}[<range>]`` (a matrix: raw samples)
+=====================  ===================================================================
+
+Exactness on the wire:
+
+* **Evaluation time**: the API rounds ``time=`` to a millisecond (web/api/v1/api.go
+  ``parseTime``); we send the millisecond ``slo.promql.lookup.eval_time_ms`` computes, spelled so
+  that the server parses it back to exactly that millisecond (checked, not assumed), so both
+  sources evaluate at the same instant.
+* **Durations** are sent in milliseconds (``[300000ms]``): PromQL durations are whole
+  milliseconds (``model.ParseDuration``), and ``slo.promql.lookup.duration_ms`` is the same
+  truncation.
+* **Values** are parsed with ``float()``: Go writes the shortest string that round-trips a
+  float64 (``strconv.FormatFloat(v, 'f', -1, 64)``), and ``NaN``/``+Inf``/``-Inf``.
+* **Matchers** (equality ones as a mapping, or a ``Selector`` with all four operators, as a
+  pool's ``selector`` gives them) are PromQL string literals with ``\\``, ``"`` and control
+  characters escaped, so any label value selects exactly itself. A metric name that is not a
+  plain identifier (or is a PromQL keyword) is matched as ``{__name__="..."}``.
+* **Lookback**: instant selectors look back ``--query.lookback-delta`` on the server; we also
+  send ``lookback_delta`` (honoured since Prometheus 2.43, and by Thanos; 2.42 ignores it), so
+  ``lookback_s`` should equal the server's flag on older servers (both default to 5m).
+
+Which PromQL rules apply is the server's business: ``semantics`` does not change the queries.
+It is reported in the status JSON and used for what the SLO engine computes client-side from
+these answers (the ``avg`` across replicas), so set it to match the server ("2" for 2.x up to
+2.42, "3" for 3.x).
+
+Errors (connection refused, timeouts, HTTP errors with Prometheus's own message, answers that
+are not Prometheus's JSON) raise ``SourceError`` naming the URL and the query.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import requests
+import urllib3
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
+
+from slo.promql.lookup import Semantics, SemanticsLike, duration_ms, eval_time_ms, semantics_of
+from slo.promql.quantile import Bucket
+
+# One definition of the (le, count) regrouping for both sources: the same `le` parsing and
+# the same skipping of a malformed `le` (histogram_quantile's rule).
+from slo.sources.embedded import _le_groups
+from slo.sources.protocol import Matchers
+from vigil.conventions import LABEL_LE, SOURCE_PROMETHEUS, SUFFIX_BUCKET
+from vigil.errors import SourceError
+from vigil.model import Labels, Point, labels_of
+from vigil.selectors import Selector, promql_string
+
+__all__ = [
+    "PrometheusSource",
+    "SourceError",
+    "format_duration_ms",
+    "format_eval_time",
+    "promql_string",
+    "selector",
+]
+
+_NAME = "__name__"
+#: PromQL metric names and label names (Prometheus 2.x/3.x without UTF-8 quoting).
+_METRIC_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+#: Words the PromQL lexer reads as keywords, not as a metric name (promql/parser/lex.go:
+#: ``key``, aggregators and ``ItemType`` keywords; matched case-insensitively there).
+_KEYWORDS = frozenset({
+    "and", "or", "unless", "atan2", "by", "without", "on", "ignoring", "group_left",
+    "group_right", "bool", "offset", "start", "end", "inf", "nan", "sum", "avg", "count",
+    "min", "max", "group", "stddev", "stdvar", "topk", "bottomk", "count_values", "quantile",
+    "limitk", "limit_ratio", "smoothed", "anchored",
+})
+#: The ``error`` of Prometheus's JSON error body, as prometheus_api_client embeds it.
+_STATUS_RE = re.compile(r"HTTP Status Code (\d+) \((b(['\"]).*\3)\)", re.DOTALL)
+
+
+# --- PromQL text -------------------------------------------------------------------------------
+def _label_name(name: str) -> str:
+    if not _LABEL_RE.fullmatch(name):
+        raise ValueError(f"{name!r} is not a valid Prometheus label name")
+    return name
+
+
+def selector(metric: str, matchers: Matchers) -> str:
+    """The vector selector ``metric{k="v", ...}``: a mapping's equality matchers in sorted
+    order, a ``Selector``'s matchers (``=``, ``!=``, ``=~``, ``!~``) in its order; ``""`` matches
+    series without the label, as in the embedded store."""
+    if isinstance(matchers, Selector):
+        given = [(m.name, m.op, m.value) for m in matchers]
+    else:
+        given = [(k, "=", v) for k, v in sorted(matchers.items())]
+    parts = [f"{_label_name(k)}{op}{promql_string(v)}" for k, op, v in given if k != _NAME]
+    names = [(op, v) for k, op, v in given if k == _NAME]
+    plain = names == [] or names == [("=", metric)]
+    if _METRIC_RE.fullmatch(metric) and metric.lower() not in _KEYWORDS and plain:
+        return f"{metric}{{{','.join(parts)}}}" if parts else metric
+    # A second __name__ matcher selects nothing (or narrows by regex), as in the store;
+    # PromQL allows it only inside braces.
+    names_text = [f"{_NAME}={promql_string(metric)}"] + [
+        f"{_NAME}{op}{promql_string(v)}" for op, v in names if (op, v) != ("=", metric)]
+    return "{" + ",".join(names_text + parts) + "}"
+
+
+def format_duration_ms(seconds: float) -> str:
+    """A range in whole milliseconds, ``300000ms`` (``duration_ms``'s truncation). PromQL
+    rejects an empty range, so less than 1 ms is a ValueError."""
+    ms = duration_ms(seconds)
+    if ms < 1:
+        raise ValueError(f"a PromQL range must be at least 1ms, not {seconds!r} s")
+    return f"{ms}ms"
+
+
+def format_eval_time(at_s: float) -> str:
+    """``time=`` for ``at_s`` (Unix seconds): the millisecond ``eval_time_ms(at_s)`` as a
+    decimal that the API's ``parseTime`` reads back as exactly that millisecond."""
+    ms = eval_time_ms(at_s)
+    sign, mag = ("-", -ms) if ms < 0 else ("", ms)
+    candidates = [f"{sign}{mag // 1000}.{mag % 1000:03d}", repr(ms / 1000)]
+    x = ms / 1000
+    for _ in range(4):
+        x = math.nextafter(x, math.inf)
+        candidates.append(repr(x))
+    for text in candidates:
+        if eval_time_ms(float(text)) == ms:
+            return text
+    raise ValueError(f"no decimal spelling of {ms} ms survives the API's time parsing")
+
+
+def _by_clause(by: Sequence[str]) -> str:
+    return f" by ({', '.join(_label_name(b) for b in by)})" if by else ""
+
+
+# --- the source --------------------------------------------------------------------------------
+class PrometheusSource:
+    """The ``Source`` protocol over a Prometheus-compatible HTTP API at ``url``.
+
+    ``semantics``: the PromQL rules the *server* follows (reported, and used for client-side
+    means; see the module docstring); ``lookback_s``: instant-selector lookback, seconds;
+    ``timeout_s``: per-request HTTP timeout, seconds. Not retried: a failure is reported at
+    once (the caller, e.g. ``vigil serve``, evaluates again on its next tick).
+    """
+
+    #: What ``slo.status`` reports as ``"source"``.
+    kind = SOURCE_PROMETHEUS
+    #: The server scraped the replicas itself: a pool's series carry its own labels
+    #: (``PoolConfig.series(external=True)``), not the labels Vigil's collector adds.
+    external: bool = True
+
+    def __init__(
+        self, url: str, *, semantics: SemanticsLike = "3", lookback_s: float = 300.0,
+        timeout_s: float = 30.0,
+    ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"the Prometheus URL must start with http:// or https://: {url!r}")
+        if lookback_s <= 0 or not math.isfinite(lookback_s):
+            raise ValueError(f"lookback_s must be a positive number of seconds, not {lookback_s!r}")
+        if timeout_s <= 0 or not math.isfinite(timeout_s):
+            raise ValueError(f"timeout_s must be a positive number of seconds, not {timeout_s!r}")
+        self.url = url.rstrip("/")
+        self.semantics: Semantics = semantics_of(semantics)
+        self.lookback_s = float(lookback_s)
+        self.timeout_s = float(timeout_s)
+        session = requests.Session()
+        # Like the collector's scraper: no proxy (or CA bundle) from the environment.
+        session.trust_env = False
+        self._session = session
+        self._client = PrometheusConnect(
+            url=self.url,
+            session=session,
+            timeout=self.timeout_s,
+            # The library's default retries 3 times with backoff on 5xx and refused
+            # connections: seconds of waiting before a dead server is reported. read=False:
+            # urllib3 re-raises a read timeout as such (not as "max retries exceeded").
+            retry=Retry(total=0, read=False, raise_on_status=False),
+        )
+
+    def server_semantics(self) -> Semantics | None:
+        """The PromQL rules the server itself follows, from its major version
+        (``/api/v1/status/buildinfo``): 2.x -> ``"2"``, 3.x and later -> ``"3"``. ``None``
+        when it does not say (Thanos, Mimir and VictoriaMetrics may not serve the endpoint)."""
+        try:
+            response = self._session.get(
+                f"{self.url}/api/v1/status/buildinfo", timeout=self.timeout_s
+            )
+            response.raise_for_status()
+            version = str(response.json()["data"]["version"])
+        except (requests.RequestException, ValueError, KeyError, TypeError):
+            return None
+        major = version.lstrip("v").split(".", 1)[0]
+        if not major.isdigit() or int(major) < 2:
+            return None
+        return semantics_of("2" if int(major) == 2 else "3")
+
+    def __repr__(self) -> str:
+        return (f"PrometheusSource({self.url!r}, semantics={self.semantics.value!r}, "
+                f"lookback_s={self.lookback_s:g})")
+
+    def close(self) -> None:
+        """Close the HTTP session (idempotent)."""
+        self._client.close()
+
+    def __enter__(self) -> PrometheusSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- HTTP ------------------------------------------------------------------------------
+    def query(self, expr: str, at_s: float) -> list[dict[str, Any]]:
+        """Evaluate ``expr`` at ``at_s`` (Unix seconds); the ``result`` list of the answer."""
+        params = {
+            "time": format_eval_time(at_s),
+            "lookback_delta": format_duration_ms(self.lookback_s),
+        }
+        try:
+            result = self._client.custom_query(expr, params=params)
+        except PrometheusApiClientException as exc:
+            raise SourceError(_http_error(str(exc)), url=self.url, query=expr) from None
+        except requests.Timeout:
+            raise SourceError(f"no answer within {self.timeout_s:g} s", url=self.url,
+                              query=expr) from None
+        except (requests.ConnectionError, urllib3.exceptions.HTTPError) as exc:
+            if isinstance(_innermost(exc), TimeoutError | urllib3.exceptions.TimeoutError):
+                raise SourceError(f"no answer within {self.timeout_s:g} s", url=self.url,
+                                  query=expr) from None
+            raise SourceError(f"cannot connect: {_root_cause(exc)}", url=self.url,
+                              query=expr) from None
+        except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
+            # ValueError/KeyError/TypeError: a 200 answer that is not Prometheus's JSON
+            # (e.g. a web UI or proxy page at this URL).
+            raise SourceError(f"not a Prometheus API answer ({type(exc).__name__}: {exc})",
+                              url=self.url, query=expr) from None
+        if not isinstance(result, list):
+            raise SourceError(f"unexpected answer {str(result)[:200]!r}", url=self.url,
+                              query=expr)
+        return result
+
+    def _vector(self, expr: str, at_s: float) -> dict[Labels, float]:
+        """An instant vector, keyed by labels without ``__name__`` (as the embedded source
+        keys series), in label order."""
+        out: dict[Labels, float] = {}
+        for item in self.query(expr, at_s):
+            try:
+                metric = {k: v for k, v in item["metric"].items() if k != _NAME}
+                out[labels_of(metric)] = float(item["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                raise SourceError(f"expected an instant vector, got {str(item)[:200]!r} "
+                                  f"({exc})", url=self.url, query=expr) from None
+        return dict(sorted(out.items()))
+
+    # --- the Source protocol ---------------------------------------------------------------
+    def increase(
+        self, metric: str, matchers: Matchers, at_s: float, window_s: float,
+        by: Sequence[str] = (),
+    ) -> dict[Labels, float]:
+        """``sum by (by) (increase(metric{matchers}[window]))`` at ``at_s``."""
+        expr = (f"sum{_by_clause(by)} "
+                f"(increase({selector(metric, matchers)}[{format_duration_ms(window_s)}]))")
+        return self._vector(expr, at_s)
+
+    def bucket_increase(
+        self, metric: str, matchers: Matchers, at_s: float, window_s: float,
+        by: Sequence[str] = (),
+    ) -> dict[Labels, list[Bucket]]:
+        """Per ``by`` group, the ``(le, increase)`` buckets of
+        ``sum by (by, le) (increase(metric_bucket{matchers}[window]))``."""
+        by = tuple(by)
+        if LABEL_LE in by:
+            raise ValueError("'le' is always part of the grouping; do not list it in `by`")
+        expr = (f"sum{_by_clause((*by, LABEL_LE))} "
+                f"(increase({selector(metric + SUFFIX_BUCKET, matchers)}"
+                f"[{format_duration_ms(window_s)}]))")
+        return _le_groups(self._vector(expr, at_s), by)
+
+    def instant(self, metric: str, matchers: Matchers, at_s: float) -> dict[Labels, float]:
+        """``metric{matchers}`` at ``at_s``: each series' latest value within the lookback."""
+        return self._vector(selector(metric, matchers), at_s)
+
+    def avg_over_time(
+        self, metric: str, matchers: Matchers, at_s: float, window_s: float
+    ) -> dict[Labels, float]:
+        """``avg_over_time(metric{matchers}[window])`` per series."""
+        expr = f"avg_over_time({selector(metric, matchers)}[{format_duration_ms(window_s)}])"
+        return self._vector(expr, at_s)
+
+    def samples(
+        self, metric: str, matchers: Matchers, at_s: float, range_s: float
+    ) -> dict[Labels, list[Point]]:
+        """The raw samples of ``metric{matchers}[range]`` at ``at_s`` (the server drops stale
+        markers from range vectors); series without samples are absent."""
+        expr = f"{selector(metric, matchers)}[{format_duration_ms(range_s)}]"
+        out: dict[Labels, list[Point]] = {}
+        for item in self.query(expr, at_s):
+            try:
+                metric_labels = {k: v for k, v in item["metric"].items() if k != _NAME}
+                # Timestamps are seconds with millisecond decimals: round, don't truncate.
+                pts = [Point(round(float(t) * 1000), float(v)) for t, v in item["values"]]
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                raise SourceError(f"expected a range vector, got {str(item)[:200]!r} ({exc})",
+                                  url=self.url, query=expr) from None
+            if pts:
+                out[labels_of(metric_labels)] = pts
+        return dict(sorted(out.items()))
+
+
+def _http_error(text: str) -> str:
+    """Prometheus's own ``error`` from prometheus_api_client's "HTTP Status Code N (b'...')"
+    message, e.g. ``HTTP 400 (bad_data): 1:6: parse error: ...``; the raw text otherwise."""
+    m = _STATUS_RE.search(text)
+    if m is None:
+        return text
+    status = m.group(1)
+    try:
+        body = ast.literal_eval(m.group(2)).decode("utf-8", "replace")
+    except (ValueError, SyntaxError):
+        return text
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return f"HTTP {status}: {body.strip()[:300]}"
+    if isinstance(data, dict) and "error" in data:
+        kind = data.get("errorType")
+        return f"HTTP {status}" + (f" ({kind})" if kind else "") + f": {data['error']}"
+    return f"HTTP {status}: {body.strip()[:300]}"
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The exception at the bottom of a requests/urllib3 chain (``args[0]``, the ``reason``
+    of urllib3's ``MaxRetryError``, ``__cause__``/``__context__``)."""
+    seen: set[int] = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        nxt = getattr(exc, "reason", None)
+        if not isinstance(nxt, BaseException) and exc.args and isinstance(exc.args[0],
+                                                                           BaseException):
+            nxt = exc.args[0]
+        if not isinstance(nxt, BaseException):
+            nxt = exc.__cause__ or exc.__context__
+        if nxt is None:
+            break
+        exc = nxt
+    return exc
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost reason of a requests/urllib3 connection error ("Connection refused")."""
+    text = str(_innermost(exc))
+    return text.split("] ", 1)[-1] if "] " in text else text

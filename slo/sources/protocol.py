@@ -1,0 +1,147 @@
+"""What the SLO engine reads: samples (``Source``: the embedded store or a Prometheus-compatible
+API) and the gateway's per-request records (``RequestLog``).
+
+Both implement ``Source`` and must give the same answers on the same data (Prometheus is the
+reference). Every query is one PromQL expression's worth of work, named after it, so the
+Prometheus implementation runs the aggregation on the server and the embedded one computes the
+same thing with ``slo.promql``:
+
+=====================  =====================================================================
+method                 PromQL
+=====================  =====================================================================
+``increase``           ``sum by (<by>) (increase(<metric>{<m>}[<window>]))``
+``bucket_increase``    ``sum by (<by>, le) (increase(<metric>_bucket{<m>}[<window>]))``
+``instant``            ``<metric>{<m>}`` (lookback and staleness as configured)
+``avg_over_time``      ``avg_over_time(<metric>{<m>}[<window>])`` (per series)
+``samples``            ``<metric>{<m>}[<range>]`` (raw samples, per series)
+=====================  =====================================================================
+
+``<m>`` is equality matchers (a mapping) or a ``vigil.selectors.Selector`` with any of PromQL's
+four operators. A source says with ``external`` whose labels its series carry: a Prometheus
+(``True``) stores the series as it scraped them, with a pool's own labels (a pool's
+``selector``, its ``replica_label``); the embedded store (``False``) holds what Vigil's collector
+labelled itself (``pool``, ``kind``, ``instance``). What builds a pool's matchers asks
+``PoolConfig.series(kind, external=is_external(source))``.
+
+A source that thins old samples out (the embedded store's downsampling) also implements
+``Downsampled``, so that what counts samples (``slo.cost.pool``) knows how long each one stands for.
+
+Times are Unix seconds (float), windows seconds. Results are keyed by ``Labels`` (sorted label
+pairs): the ``by`` labels for aggregations, the full label set for per-series results. A series or
+group that PromQL would leave out of the result (fewer than two samples in the window, no sample
+within the lookback) is absent from the dict, never 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol, TypeAlias, runtime_checkable
+
+from slo.promql.lookup import Semantics
+from slo.promql.quantile import Bucket
+from vigil.model import Labels, Point, RequestRecord
+from vigil.selectors import Selector
+
+__all__ = [
+    "Downsampled",
+    "Matchers",
+    "RequestLog",
+    "Source",
+    "is_external",
+    "matchers_of",
+    "with_equal",
+]
+
+#: Label matchers: equality as a mapping, ``{"pool": "chat", "kind": "vllm"}``, or a
+#: ``Selector`` with any operator (``namespace="llm", pod=~"chat-.*"``). An empty value matches
+#: series without that label, as in PromQL.
+Matchers: TypeAlias = Mapping[str, str] | Selector
+
+
+def matchers_of(selector: Selector) -> Matchers:
+    """``selector`` as a plain mapping when it is equality matchers on distinct labels (the
+    form every source and test double reads fastest), else the ``Selector`` itself."""
+    if all(m.op == "=" for m in selector) and len(selector.names()) == len(selector):
+        return {m.name: m.value for m in selector}
+    return selector
+
+
+def with_equal(matchers: Matchers, *pairs: tuple[str, str]) -> Matchers:
+    """``matchers`` ANDed with ``name="value"`` matchers (replacing an equality matcher on the
+    same label, as a dict update does)."""
+    if isinstance(matchers, Selector):
+        return matchers_of(matchers.and_equal(*pairs))
+    return {**matchers, **dict(pairs)}
+
+
+def is_external(source: object) -> bool:
+    """``source.external`` (``Source``); ``False`` for a source that does not say (a test
+    double over Vigil-labelled series)."""
+    return bool(getattr(source, "external", False))
+
+
+@runtime_checkable
+class Source(Protocol):
+    """A read-only view of the fleet's samples that answers in PromQL terms."""
+
+    #: The PromQL rules this source follows ("3" default; "2" for Prometheus 2.x).
+    semantics: Semantics
+    #: True for a Prometheus that scraped the replicas itself (series carry the pool's own
+    #: labels, chosen by its ``selector``); False for Vigil's store (``pool``/``kind``/
+    #: ``instance`` labels set by its collector).
+    external: bool
+
+    def increase(
+        self, metric: str, matchers: Matchers, at_s: float, window_s: float,
+        by: Sequence[str] = (),
+    ) -> dict[Labels, float]:
+        """``sum by (by) (increase(metric{matchers}[window]))`` evaluated at ``at_s``."""
+        ...
+
+    def bucket_increase(
+        self, metric: str, matchers: Matchers, at_s: float, window_s: float,
+        by: Sequence[str] = (),
+    ) -> dict[Labels, list[Bucket]]:
+        """Per ``by`` group, the buckets of ``sum by (by, le)(increase(metric_bucket[w]))``.
+
+        ``metric`` is the histogram's base name (without ``_bucket``); buckets are
+        ``(upper bound, count)`` pairs in any order, ``+Inf`` included when present.
+        """
+        ...
+
+    def instant(self, metric: str, matchers: Matchers, at_s: float) -> dict[Labels, float]:
+        """``metric{matchers}`` at ``at_s``: each series' latest value within the lookback."""
+        ...
+
+    def avg_over_time(
+        self, metric: str, matchers: Matchers, at_s: float, window_s: float
+    ) -> dict[Labels, float]:
+        """``avg_over_time(metric{matchers}[window])`` per series."""
+        ...
+
+    def samples(
+        self, metric: str, matchers: Matchers, at_s: float, range_s: float
+    ) -> dict[Labels, list[Point]]:
+        """The raw samples of ``metric{matchers}[range]`` at ``at_s`` (stale markers dropped)."""
+        ...
+
+
+@runtime_checkable
+class Downsampled(Protocol):
+    """A source whose older samples are one per bucket (the embedded store after
+    ``compact()``); a Prometheus keeps every scrape and does not implement this."""
+
+    def downsampled(self) -> tuple[int, float] | None:
+        """``(before_ms, resolution_s)``: samples older than ``before_ms`` (Unix ms) are the
+        last of their ``resolution_s`` bucket; ``None`` while none is."""
+        ...
+
+
+@runtime_checkable
+class RequestLog(Protocol):
+    """The gateway's per-request log, read over a window (over the gateway's file:
+    ``collector.request_log.GatewayRecords``)."""
+
+    def records(self, pool: str, at_s: float, window_s: float) -> Iterable[RequestRecord]:
+        """The pool's requests that finished in ``(at_s - window_s, at_s]``."""
+        ...
