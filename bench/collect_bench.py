@@ -104,7 +104,7 @@ def bench_http_round(ntargets: int) -> tuple[float, int, int]:
     """
     import subprocess
 
-    from helpers import free_port
+    from support.loopback import free_port
 
     port = free_port()
     server = subprocess.Popen(

@@ -79,12 +79,12 @@ def cpu_pressure_us() -> float | None:
 @contextlib.contextmanager
 def postgres() -> Iterator[str]:
     """A throw-away PostgreSQL server on a free loopback port, started the way the tests start
-    theirs (tests/postgres_server.py: Debian's binaries, as the ``postgres`` user when run as
+    theirs (tests/support/postgres.py: Debian's binaries, as the ``postgres`` user when run as
     root); yields the URL of its ``postgres`` database and stops it at the end."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     # conftest first: it imports postgres_server, which imports it back.
     import conftest  # noqa: F401
-    from postgres_server import PostgresServer, require_postgres
+    from support.postgres import PostgresServer, require_postgres
 
     server = PostgresServer(require_postgres())
     server.start()

@@ -34,21 +34,28 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from prometheus_client.utils import floatToGoString
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from collector.store import SCHEMA_VERSION, Store  # noqa: E402
+from serving.sim.metrics import build_1_2_5_buckets  # noqa: E402
 from slo.sources.embedded import EmbeddedSource  # noqa: E402
 from slo.sources.prometheus import PrometheusSource  # noqa: E402
 from slo.status import evaluate  # noqa: E402
 from vigil.config import Config, parse_config  # noqa: E402
+from vigil.conventions import (  # noqa: E402
+    VLLM_INTER_TOKEN_LATENCY_BUCKETS,
+    VLLM_REQUEST_LATENCY_BUCKETS,
+    VLLM_TTFT_BUCKETS,
+)
 from vigil.model import SeriesKey, labels_of  # noqa: E402
 
 #: Bump when the generated data changes, so stale caches are rebuilt.
@@ -62,17 +69,15 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 POOL = "chat"
 FINISHED = ("stop", "length", "abort", "error", "repetition")
 FINISHED_SHARE = (0.90, 0.07, 0.01, 0.015, 0.005)
-# vLLM 0.33's bucket lists (prometheus_client's float spelling), as tests/test_slo_fleet.py.
-TTFT_LE = ["0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5",
-           "0.75", "1.0", "2.5", "5.0", "7.5", "10.0", "20.0", "40.0", "80.0", "160.0",
-           "640.0", "2560.0", "+Inf"]
-LATENCY_LE = ["0.3", "0.5", "0.8", "1.0", "1.5", "2.0", "2.5", "5.0", "10.0", "15.0", "20.0",
-              "30.0", "40.0", "50.0", "60.0", "120.0", "240.0", "480.0", "960.0", "1920.0",
-              "7680.0", "+Inf"]
-ITL_LE = ["0.01", "0.025", "0.05", "0.075", "0.1", "0.15", "0.2", "0.3", "0.4", "0.5", "0.75",
-          "1.0", "2.5", "5.0", "7.5", "10.0", "20.0", "40.0", "80.0", "+Inf"]
-TOKENS_LE = ["1.0", "2.0", "5.0", "10.0", "20.0", "50.0", "100.0", "200.0", "500.0", "1000.0",
-             "2000.0", "5000.0", "10000.0", "20000.0", "50000.0", "100000.0", "+Inf"]
+# vLLM 0.33's bucket lists, spelled as vLLM exposes them (prometheus_client's float spelling).
+def _le(bounds: Iterable[float]) -> list[str]:
+    return [floatToGoString(b) for b in bounds] + ["+Inf"]
+
+
+TTFT_LE = _le(VLLM_TTFT_BUCKETS)
+LATENCY_LE = _le(VLLM_REQUEST_LATENCY_BUCKETS)
+ITL_LE = _le(VLLM_INTER_TOKEN_LATENCY_BUCKETS)
+TOKENS_LE = _le(float(b) for b in build_1_2_5_buckets(100_000))
 #: base name -> (bucket bounds, median, lognormal sigma) of the observations
 HISTOGRAMS = {
     "vllm:time_to_first_token_seconds": (TTFT_LE, 0.3, 0.9),

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 
 import pytest
-from helpers import LoopbackServer
+from support.loopback import LoopbackServer
 
 from serving.sim.testing import PORTS_ENV
 
@@ -108,7 +108,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     """A failed test that used a real vLLM server gets the tail of the server's log in its
     report, and the whole log is kept in ``tests/artifacts/``."""
     outcome = yield
-    real_vllm = sys.modules.get("real_vllm")
+    real_vllm = sys.modules.get("support.real_vllm")
     if real_vllm is not None and item.get_closest_marker("real_vllm") is not None:
         real_vllm.report_logs(item, outcome.get_result())
 
@@ -116,7 +116,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Stop the real vLLM servers the session started (they take a minute to start, so they
     live for the whole session)."""
-    real_vllm = sys.modules.get("real_vllm")
+    real_vllm = sys.modules.get("support.real_vllm")
     if real_vllm is not None:
         real_vllm.FLEET.close()
 
@@ -132,4 +132,4 @@ def http_server() -> Iterator[LoopbackServer]:
 # The PostgreSQL fixtures (``postgres_server``, ``postgres_url``) for every module, so a test
 # names them as parameters without importing them; imported last, since that module uses
 # ``require_binary`` above.
-from postgres_server import postgres_server, postgres_url  # noqa: E402, F401
+from support.postgres import postgres_server, postgres_url  # noqa: E402, F401

@@ -26,8 +26,8 @@ from typing import Any
 import httpx
 import pytest
 from conftest import require_binary
-from helpers import free_port, wait_for
-from test_alert_support import Receiver, config, receiver, route
+from support.alerts import Receiver, config, receiver, route
+from support.loopback import free_port, wait_for
 
 from alerts.formats import API_ALERT_VALIDITY, render_alertmanager_webhook
 from alerts.grouping import group_key

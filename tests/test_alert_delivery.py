@@ -12,8 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import httpx
-from helpers import free_port
-from test_alert_support import T0, Request, alert, config, receiver, route
+from support.alerts import T0, Request, alert, config, receiver, route
+from support.loopback import free_port
 
 from alerts.delivery import verify
 from alerts.notifier import DeliveryRound, Notifier, read_status, redact_url

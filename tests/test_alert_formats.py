@@ -9,8 +9,8 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from helpers import FIXTURES
-from test_alert_support import T0, alert
+from support.alerts import T0, alert
+from support.loopback import FIXTURES
 
 from alerts.formats import (
     API_ALERT_VALIDITY,

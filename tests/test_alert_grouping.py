@@ -7,7 +7,7 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_alert_support import T0, alert, config, route
+from support.alerts import T0, alert, config, route
 
 from alerts.formats import API_RESEND_INTERVAL, API_RESOLVED_RETENTION
 from alerts.grouping import Grouper, LogEntry, group_key, route_key

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from test_alert_support import Request, receiver
+from support.alerts import Request, receiver
 
 from alerts.outbox import Outbox
 

@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_alert_support import T0, alert, config, route
+from support.alerts import T0, alert, config, route
 
 from alerts.grouping import LogEntry
 from alerts.model import Notification

@@ -12,7 +12,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from test_alert_support import T0, Receiver, alert, config, receiver, route
+from support.alerts import T0, Receiver, alert, config, receiver, route
 
 from alerts.notifier import Notifier
 from alerts.outbox import OutboxError, OutboxItem

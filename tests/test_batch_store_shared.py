@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from test_gateway_batch_support import (
+from support.batch import (
     POOL,
     ControlledLoad,
     FakeClock,

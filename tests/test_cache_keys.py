@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_cache_support import MODEL, chat, config
+from support.cache import MODEL, chat, config
 
 import serving.cache
 from serving.cache import CacheDecision, SemanticCache

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from test_cache_support import T0, answer, ask, chat, decide, local_embedder, remember, serve
+from support.cache import T0, answer, ask, chat, decide, local_embedder, remember, serve
 
 from serving.cache import RemoteEmbedder, SemanticCache
 from serving.cache.embedder import REMOTE_MAX_CHARS

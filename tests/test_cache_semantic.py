@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_cache_support import (
+from support.cache import (
     MODEL,
     T0,
     answer,

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from postgres_server import postgres_server, postgres_url  # noqa: F401
-from test_cache_support import T0, answer, ask, chat, config, decide, local_embedder
+from support.cache import T0, answer, ask, chat, config, decide, local_embedder
+from support.postgres import postgres_server, postgres_url  # noqa: F401
 
 from serving.cache import SemanticCache
 from serving.cache.shared import SharedEntries

@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
-from test_cache_support import MODEL, answer, completion_answer, serve
+from support.cache import MODEL, answer, completion_answer, serve
 
 from serving.cache import assemble_stream, replay_stream
 from serving.cache.responses import refusal_reason

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import free_port
+from support.loopback import free_port
 
 from serving.loadgen.probe import run_probe
 from serving.sim.profiles import Profile

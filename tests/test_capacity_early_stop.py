@@ -9,7 +9,7 @@ import random
 from collections.abc import Callable
 
 import pytest
-from test_capacity_search import FAILED, ok
+from support.outcomes import FAILED, ok
 
 from serving.loadgen.probe import probe_request
 from slo.planning.capacity_search import (

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from test_slo_fleet import AT, LATENCY_LE, MODEL, TTFT_LE, target_labels, vllm_labels
+from support.fleet import AT, LATENCY_LE, MODEL, TTFT_LE, target_labels, vllm_labels
 
 from collector.store import Store
 from slo.planning.capacity_observed import (

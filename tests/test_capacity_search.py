@@ -8,9 +8,9 @@ import asyncio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.outcomes import FAILED, ok
 
 from slo.planning.capacity_search import (
-    RequestOutcome,
     judge,
     probe_from_outcomes,
     profile_from_search,
@@ -25,11 +25,8 @@ E2E = SloTarget("chat-e2e", "e2e", 1.0, 0.9)
 TTFT = SloTarget("chat-ttft", "ttft", 0.2, 0.95)
 
 
-def ok(e2e: float = 0.5, ttft: float | None = 0.1, tokens: int = 10) -> RequestOutcome:
-    return RequestOutcome(True, ttft, e2e, 0.02, tokens)
 
 
-FAILED = RequestOutcome(False, None, None, None, 0)
 
 
 # --- Wilson -------------------------------------------------------------------------------------

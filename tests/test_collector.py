@@ -7,7 +7,7 @@ import math
 import os
 
 import pytest
-from helpers import FIXTURES, exposition_server, free_port, slow, text
+from support.loopback import FIXTURES, exposition_server, free_port, slow, text
 
 from collector.service import Collector
 from collector.store import Store

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import free_port, wait_for
+from support.loopback import free_port, wait_for
 
 from collector.service import Collector
 from collector.store import Store

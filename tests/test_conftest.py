@@ -8,7 +8,7 @@ import conftest
 import httpx
 import pytest
 from conftest import in_ci, require_binary
-from helpers import LoopbackServer, Request, by_path, serve_http, text
+from support.loopback import LoopbackServer, Request, by_path, serve_http, text
 
 MISSING = "vigil-no-such-program"
 

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from prometheus_server import PrometheusServer, PromSeries, prometheus_fixture
-from test_slo_fleet import MODEL, OTHER_MODEL
+from support.fleet import MODEL, OTHER_MODEL
+from support.prometheus import PrometheusServer, PromSeries, prometheus_fixture
 
 from alerts.rules.pipeline import Rule, generate
 from collector.store import Store

@@ -17,15 +17,14 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
-from test_dashboard_seed import AT, config_toml, seed_dashboard
-from test_slo_fleet import MODEL, OTHER_MODEL
+from support.apptest import APP, REPO, run_page, texts
+from support.dashboard_seed import AT, config_toml, seed_dashboard
+from support.fleet import MODEL, OTHER_MODEL
 
 from dashboard import format as fmt
 from slo.objectives.quantiles import histogram_figures
 from vigil.conventions import DASHBOARD_ENV_AT, DASHBOARD_ENV_CONFIG
 
-REPO = Path(__file__).resolve().parent.parent
-APP = str(REPO / "dashboard" / "app.py")
 PAGES = ("quality", "server", "business", "anomalies")
 
 
@@ -39,20 +38,6 @@ def slo_status(config: Path, at: float = AT) -> dict[str, Any]:
     return json.loads(proc.stdout)
 
 
-def run_page(config: Path, monkeypatch: pytest.MonkeyPatch, page: str | None = None,
-             **params: str | list[str]) -> AppTest:
-    """The app for ``config`` pinned at ``AT`` (URL ``at``), on ``page`` (None: Overview)."""
-    monkeypatch.setenv(DASHBOARD_ENV_CONFIG, str(config))
-    monkeypatch.delenv(DASHBOARD_ENV_AT, raising=False)
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.query_params["at"] = repr(AT)
-    for k, v in params.items():
-        at.query_params[k] = v
-    at.run()
-    if page is not None:
-        at.switch_page(f"views/{page}.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
 
 
 def charts(at: AppTest) -> list[tuple[dict[str, Any], list[pd.DataFrame]]]:
@@ -73,10 +58,6 @@ def chart_with_label(at: AppTest, label: str) -> pd.DataFrame:
     raise AssertionError(f"no chart with a line labelled {label!r}")
 
 
-def texts(at: AppTest) -> str:
-    return "\n".join([m.value for m in at.markdown] + [c.value for c in at.caption]
-                     + [i.value for i in at.info] + [w.value for w in at.warning]
-                     + [e.value for e in at.error] + [s.value for s in at.success])
 
 
 @pytest.fixture(scope="module")
@@ -441,7 +422,7 @@ def test_password_login_comes_before_any_page(seeded: Path,
 # --- Prometheus as the source -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def prometheus_config(seeded: Path) -> Iterator[Path]:
-    from prometheus_server import PromSeries, require_prometheus, run_prometheus
+    from support.prometheus import PromSeries, require_prometheus, run_prometheus
 
     from collector.store import Store
 
@@ -510,7 +491,7 @@ def test_pin_this_moment_then_back_to_now(seeded: Path, monkeypatch: pytest.Monk
 
 def test_unreachable_prometheus_is_an_error_message(seeded: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from helpers import free_port
+    from support.loopback import free_port
 
     config = seeded.parent / "prometheus-down.toml"
     config.write_text(seeded.read_text().replace(
@@ -529,7 +510,7 @@ YOUNG_S = 360.0
 
 @pytest.fixture(scope="module")
 def young(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import test_dashboard_seed
+    import support.dashboard_seed as test_dashboard_seed
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(test_dashboard_seed, "SPAN_S", YOUNG_S)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import free_port
-from test_dashboard_seed import config_toml
+from support.dashboard_seed import config_toml
+from support.loopback import free_port
 
 from dashboard.cli import APP_PATH, add_arguments, listen_address, streamlit_command
 from vigil.children import port_free

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_dashboard_app import run_page, texts
-from test_dashboard_seed import AT
-from test_slo_fleet import MODEL
+from support.apptest import run_page, texts
+from support.dashboard_seed import AT
+from support.fleet import MODEL
 
 from collector.ingest import ingest_files
 from collector.scrape import TargetInfo

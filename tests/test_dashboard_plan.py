@@ -15,8 +15,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
-from test_dashboard_seed import AT, seed_dashboard
-from test_slo_fleet import MODEL
+from support.dashboard_seed import AT, seed_dashboard
+from support.fleet import MODEL
 
 from collector.store import Store
 from dashboard import format as fmt

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_server import PrometheusServer, PromSeries, prometheus_fixture
+from support.prometheus import PrometheusServer, PromSeries, prometheus_fixture
 
 from collector.store import Store
 from dashboard.status_view import TargetState, target_states

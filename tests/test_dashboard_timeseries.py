@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_dashboard_seed import AT, STEP_S, seed_dashboard
-from test_slo_fleet import MODEL
+from support.dashboard_seed import AT, STEP_S, seed_dashboard
+from support.fleet import MODEL
 
 from collector.store import Store
 from dashboard import timeseries as ts

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_dashboard_seed import AT, seed_dashboard
-from test_slo_fleet import MODEL
+from support.dashboard_seed import AT, seed_dashboard
+from support.fleet import MODEL
 
 from collector.store import Store
 from dashboard import alerts_view, gateway_data, whatif
@@ -293,7 +293,7 @@ def test_served_alerts_read_what_vigil_serve_saved(tmp_path: Path) -> None:
 # --- gateway sums -----------------------------------------------------------------------------
 class _Log:
     """A RequestLog over a list (the protocol is one method; the gateway's real one is tested
-    in test_dashboard_seed and test_dashboard_app)."""
+    in support.dashboard_seed and test_dashboard_app)."""
 
     def __init__(self, records: list[RequestRecord]):
         self._records = records

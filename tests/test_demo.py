@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from test_dashboard_browser import PAGES, artifacts, check_pages, chromium
+from support.browser import PAGES, artifacts, check_pages, chromium
 
 from collector.store import Store
 from serving.sim.testing import free_port_block

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers import exposition_server, text
+from support.loopback import exposition_server, text
 
 from vigil_shell.cli import main
 

@@ -7,7 +7,7 @@ import json
 
 import httpx
 import pytest
-from helpers import free_port
+from support.loopback import free_port
 
 from collector.discovery import TargetSet
 from vigil.config import parse_config

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from prometheus_server import PrometheusServer, PromSeries, prometheus_fixture
-from test_slo_fleet import ITL_LE, LATENCY_LE, MODEL, TOKENS_LE, TTFT_LE
+from support.fleet import ITL_LE, LATENCY_LE, MODEL, TOKENS_LE, TTFT_LE
+from support.prometheus import PrometheusServer, PromSeries, prometheus_fixture
 
 from collector.store import Store
 from dashboard.empty_states import has_dcgm

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fleet_k8s import (
+from support.fleet_k8s import (
     K8S_LABELS,
     NAMESPACE,
     POD_PREFIX,
@@ -48,8 +48,8 @@ from fleet_k8s import (
     prometheus_yml,
     write_file_sd,
 )
-from helpers import free_port, wait_for
-from prometheus_server import PrometheusServer
+from support.loopback import free_port, wait_for
+from support.prometheus import PrometheusServer
 
 from alerts.rules.engine_value import engine_value
 from alerts.rules.pipeline import Rule, RulesOptions, RulesResult, generate

@@ -6,7 +6,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from test_gateway_support import MODEL, gateway_config, running_gateway, scripted_upstream
+from support.gateway import MODEL, gateway_config, running_gateway, scripted_upstream
 
 from serving.gateway.auth import KeyRing, key_sha256
 from serving.gateway.errors import Unauthorized

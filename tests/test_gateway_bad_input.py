@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from test_gateway_support import (
+from support.gateway import (
     MODEL,
     GatewayHandle,
     ScriptedUpstream,

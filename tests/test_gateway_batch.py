@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from test_gateway_batch_support import (
+from support.batch import (
     MODEL,
     ControlledLoad,
     HttpSender,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_gateway_batch_support import (
+from support.batch import (
     NOON,
     POOL,
     ControlledLoad,

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_gateway_batch_support import (
+from support.batch import (
     POOL,
     ControlledLoad,
     FakeClock,

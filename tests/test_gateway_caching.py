@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from test_gateway_support import (
+from support.gateway import (
     MODEL,
     OTHER,
     STANDARD,

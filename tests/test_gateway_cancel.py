@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from test_gateway_support import (
+from support.gateway import (
     MODEL,
     GatewayHandle,
     gateway_config,

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_gateway_support import (
+from support.gateway import (
     KEYS,
     MODEL,
     GatewayHandle,

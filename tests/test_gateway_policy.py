@@ -6,7 +6,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from test_gateway_support import (
+from support.gateway import (
     MODEL,
     PREMIUM,
     STANDARD,

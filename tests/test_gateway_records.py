@@ -9,7 +9,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
+from support.loopback import wait_for
 
 from collector.request_log import GatewayRecord, GatewayRecords, RecordWriter
 from serving.gateway.accounting import ShareLedger, gpu_cost_per_second

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_gateway_support import (
+from support.gateway import (
     BATCH,
     MODEL,
     OTHER,

@@ -3,9 +3,9 @@ request is recorded once, a batch submitted through one is served and read throu
 (also when one is killed mid-batch), a restart of PostgreSQL does not stop the answers, and an
 answer cached through one is a hit through the other.
 
-Real parts throughout: the gateways are child processes (``tests/shared_gateways.py``) in front
-of a simulated fleet on 127.0.0.1, the database is the session's PostgreSQL server
-(``tests/postgres_server.py``), and the client is the official ``openai`` one, alternating
+Real parts throughout: the gateways are child processes (``tests/support/shared_gateways.py``) in
+front of a simulated fleet on 127.0.0.1, the database is the session's PostgreSQL server
+(``tests/support/postgres.py``), and the client is the official ``openai`` one, alternating
 between the two instances as a load balancer would. Starting two gateway processes is most of
 a test's time, so one pair (and one database) serves the module's tests one after the other;
 each reads back only what it sent (its request ids, or the records that finished after it
@@ -28,10 +28,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from helpers import wait_for
-from postgres_server import PostgresServer, postgres_server, postgres_url  # noqa: F401
-from shared_gateways import GatewayProcess, running_gateways, write_config
-from test_gateway_support import MODEL, POOL, STANDARD
+from support.gateway import MODEL, POOL, STANDARD
+from support.loopback import wait_for
+from support.postgres import PostgresServer, postgres_server, postgres_url  # noqa: F401
+from support.shared_gateways import GatewayProcess, running_gateways, write_config
 
 from collector.request_log import GatewayRecord, GatewayRecords
 from serving.sim.profiles import SMALL

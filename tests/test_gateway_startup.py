@@ -6,8 +6,8 @@ import gc
 from pathlib import Path
 
 import httpx
-from helpers import free_port
-from test_gateway_support import PREMIUM, gateway_config, running_gateway
+from support.gateway import PREMIUM, gateway_config, running_gateway
+from support.loopback import free_port
 
 from serving.gateway.cli import freeze_heap
 from serving.gateway.pipeline import Gateway

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_gateway_support import (
+from support.gateway import (
     BATCH,
     MODEL,
     PREMIUM,

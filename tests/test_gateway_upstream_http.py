@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
-from helpers import free_port
-from test_gateway_support import MODEL, ScriptedUpstream, scripted_upstream
+from support.gateway import MODEL, ScriptedUpstream, scripted_upstream
+from support.loopback import free_port
 
 from serving.gateway import upstream_http
 from serving.gateway.upstream_http import (

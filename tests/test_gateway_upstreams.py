@@ -9,8 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import free_port
-from test_gateway_support import (
+from support.gateway import (
     MODEL,
     PREMIUM,
     STANDARD,
@@ -21,6 +20,7 @@ from test_gateway_support import (
     scripted_upstream,
     wait_until,
 )
+from support.loopback import free_port
 
 CHAT = "/v1/chat/completions"
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import free_port
-from test_gateway_support import (
+from support.gateway import (
     BATCH,
     KEYS,
     MODEL,
@@ -23,6 +22,7 @@ from test_gateway_support import (
     running_gateway,
     wait_until,
 )
+from support.loopback import free_port
 
 from collector.request_log import GatewayRecords
 from serving.gateway.auth import key_sha256

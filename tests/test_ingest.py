@@ -8,7 +8,7 @@ import sys
 
 import pytest
 from conftest import require_binary
-from helpers import FIXTURES
+from support.loopback import FIXTURES
 
 from collector.store import Store
 

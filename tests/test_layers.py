@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import re
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -183,8 +184,6 @@ def test_the_rule_generator_and_the_alerting_runtime_do_not_import_each_other() 
 
 
 def test_the_readme_layout_table_lists_every_package_folder_once() -> None:
-    import re
-
     readme = (REPO / "README.md").read_text()
     section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `([^`]+)/` \|", section, re.M)
@@ -193,3 +192,14 @@ def test_the_readme_layout_table_lists_every_package_folder_once() -> None:
     assert len(rows) == len(set(rows)), f"a folder has two rows: {rows}"
     assert sorted(rows) == folders, {"no row": sorted(set(folders) - set(rows)),
                                      "no such package": sorted(set(rows) - set(folders))}
+
+
+def test_test_modules_share_code_through_support_only() -> None:
+    """What tests share lives in ``tests/support/``: a test module imported by another would be
+    collected twice in different workers and couples tests that have nothing in common."""
+    found = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for line, target in _imports(path):
+            if target.rpartition(".")[2].startswith("test_"):
+                found.append(f"  {path.relative_to(REPO)}:{line}: imports {target}")
+    assert not found, "import from tests/support/ instead:\n" + "\n".join(found)

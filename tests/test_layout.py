@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers import FIXTURES
+from support.loopback import FIXTURES
 
 from collector.exposition import parse_text
 from collector.layout import Layout

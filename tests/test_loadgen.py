@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from helpers import LoopbackServer
+from support.loopback import LoopbackServer
 
 from serving import loadgen
 from serving.loadgen.client import generate

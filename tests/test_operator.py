@@ -26,8 +26,8 @@ import jsonschema
 import pytest
 import yaml
 from conftest import require_binary
-from helpers import FIXTURES, exposition_server, text
-from prometheus_server import APT_PACKAGE, PrometheusServer, require_prometheus, start_prometheus
+from support.loopback import FIXTURES, exposition_server, text
+from support.prometheus import APT_PACKAGE, PrometheusServer, require_prometheus, start_prometheus
 
 from alerts.rules import cli as rules_cli
 from alerts.rules import yaml_emitter

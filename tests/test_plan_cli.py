@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
-from test_forecast import AT, MODEL, base_rate, write_history
+from support.history import AT, MODEL, base_rate, write_history
 
 from collector.request_log import GatewayRecord, RecordWriter
 from collector.store import Store

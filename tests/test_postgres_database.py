@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import free_port
-from postgres_server import PostgresServer
+from support.loopback import free_port
+from support.postgres import PostgresServer
 
 from vigil.database import SqlDatabase, migrate, open_database, redact_url
 from vigil.errors import StoreError, StoreUnavailable

@@ -59,10 +59,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import free_port, wait_for
-from prometheus_mode_checker import Checker, structure_differences
-from prometheus_mode_load import CyclePlan, FleetFreezer, LoadStats, Schedule, drive_load
-from prometheus_mode_samples import (
+from support.loopback import free_port, wait_for
+from support.prometheus import PrometheusServer, require_prometheus
+from support.prometheus_mode.checker import Checker, structure_differences
+from support.prometheus_mode.load import CyclePlan, FleetFreezer, LoadStats, Schedule, drive_load
+from support.prometheus_mode.samples import (
     GAUGES,
     Sides,
     edge_violations,
@@ -71,9 +72,13 @@ from prometheus_mode_samples import (
     read_samples,
     status_windows,
 )
-from prometheus_mode_systems import collecting, scraping_prometheus, slo_status, vigil_config_text
-from prometheus_mode_tolerance import compare_status
-from prometheus_server import PrometheusServer, require_prometheus
+from support.prometheus_mode.systems import (
+    collecting,
+    scraping_prometheus,
+    slo_status,
+    vigil_config_text,
+)
+from support.prometheus_mode.tolerance import compare_status
 
 from alerts.rules.engine_value import engine_value
 from alerts.rules.pipeline import RulesOptions, generate

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from prometheus_server import PrometheusServer, PromSeries, prometheus_fixture
+from support.fleet import TTFT_LE
+from support.prometheus import PrometheusServer, PromSeries, prometheus_fixture
 
 from slo.promql.aggregate import divide_vectors, instant_vector, per_series, sum_by
 from slo.promql.lookup import eval_time_ms, prepare
@@ -40,10 +41,6 @@ COUNTER = "vigil_test_requests_total"
 GAUGE = "vigil_test_queue_depth"
 HIST = "vigil_test_ttft_seconds"
 
-#: vLLM's time-to-first-token histogram buckets, spelled as vLLM exposes them.
-TTFT_LE = ["0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5",
-           "0.75", "1.0", "2.5", "5.0", "7.5", "10.0", "20.0", "40.0", "80.0", "160.0",
-           "640.0", "2560.0", "+Inf"]
 
 Series = dict[Labels, tuple[np.ndarray, np.ndarray, np.ndarray | None]]
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_gateway_support import MODEL, STANDARD, gateway_config, running_gateway
+from support.gateway import MODEL, STANDARD, gateway_config, running_gateway
 
 from collector.request_log import GatewayRecords
 from collector.store import Store

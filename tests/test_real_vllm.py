@@ -5,7 +5,7 @@ thresholds into its histograms; every family Vigil reads is in the engine's ``/m
 Vigil's parser reads the live body as prometheus_client does; the simulator's exposition has
 the engine's families, types, labels and bucket layouts, except for the differences that
 ``docs/simulator.md`` lists with their reason; the collector, ``vigil targets`` and ``vigil slo
-status`` work on it. The server comes from ``tests/real_vllm.py`` (one per test session).
+status`` work on it. The server comes from ``tests/support/real_vllm.py`` (one per test session).
 """
 
 from __future__ import annotations
@@ -19,8 +19,16 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from real_vllm import MODEL, POOL, VLLM_VERSION, VllmServer, monitored_config, real_vllm, run_vigil  # noqa: F401
-from test_exposition import assert_identical
+from support.exposition import assert_identical
+from support.real_vllm import (  # noqa: F401
+    MODEL,
+    POOL,
+    VLLM_VERSION,
+    VllmServer,
+    monitored_config,
+    real_vllm,
+    run_vigil,
+)
 
 from collector.exposition import parse
 from collector.exposition.openmetrics import parse_openmetrics

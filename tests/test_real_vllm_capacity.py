@@ -1,6 +1,6 @@
 """``vigil capacity`` on a real vLLM replica: the search completes and reports a capacity.
 
-The replica is ``tests/real_vllm.py``'s (one CPU engine, ``max_num_seqs`` 4, a tiny model):
+The replica is ``tests/support/real_vllm.py``'s (one CPU engine, ``max_num_seqs`` 4, a tiny model):
 its knee is a few requests in flight. The SLOs are tight enough for the search to find it in
 well under a minute (TTFT 0.5 s and e2e 2 s for 90 % of 32-token requests), and the probes short
 (``probe_duration`` 2 s, 20 requests, 10 on the latency margin). What is checked is what a
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from real_vllm import MODEL, VllmServer, real_vllm, run_vigil  # noqa: F401
+from support.real_vllm import MODEL, VllmServer, real_vllm, run_vigil  # noqa: F401
 
 from serving.sim.testing import sample_values, total
 from vigil.conventions import VLLM_REQUEST_SUCCESS

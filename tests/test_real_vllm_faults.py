@@ -1,7 +1,7 @@
 """A real vLLM server that dies mid-stream, and comes back: what the client, the gateway's
 routing, its records and the SLO engine make of it.
 
-The session's server (``tests/real_vllm.py``) is killed with SIGKILL (the API server and its
+The session's server (``tests/support/real_vllm.py``) is killed with SIGKILL (the API server and its
 engine core at once, as the OOM killer does) while the gateway streams an answer from it, then
 started again: its counters start from zero, and the rates Vigil computes across the restart
 must stay whole (PromQL's counter-reset rule), never negative.
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import wait_for
-from real_vllm import MODEL, POOL, VllmServer, monitored_config, real_vllm, run_vigil  # noqa: F401
-from shared_gateways import running_gateways
-from test_gateway_support import STANDARD
+from support.gateway import STANDARD
+from support.loopback import wait_for
+from support.real_vllm import MODEL, POOL, VllmServer, monitored_config, real_vllm, run_vigil  # noqa: F401
+from support.shared_gateways import running_gateways
 
 from collector.request_log import GatewayRecords
 from serving.sim.testing import sample_values, total

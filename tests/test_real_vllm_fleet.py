@@ -21,7 +21,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from real_vllm import (  # noqa: F401
+from support.gateway import STANDARD
+from support.real_vllm import (  # noqa: F401
     MODEL,
     POOL,
     VllmServer,
@@ -30,8 +31,7 @@ from real_vllm import (  # noqa: F401
     real_vllm_pair,
     run_vigil,
 )
-from shared_gateways import running_gateways, write_config
-from test_gateway_support import STANDARD
+from support.shared_gateways import running_gateways, write_config
 
 from serving.sim.testing import sample_values, total
 

@@ -1,8 +1,8 @@
 """The gateway in front of a real vLLM server: what it promises, measured by the engine.
 
 The official ``openai`` client talks to a ``vigil gateway`` process whose pool is the session's
-real vLLM server (``tests/real_vllm.py``: ``max_num_seqs`` 4, priority scheduling). Each claim
-is read back from the engine's own ``/metrics``: the default max_tokens is what vLLM was asked
+real vLLM server (``tests/support/real_vllm.py``: ``max_num_seqs`` 4, priority scheduling). Each
+claim is read back from the engine's own ``/metrics``: the default max_tokens is what vLLM was asked
 for, a client's cancel stops vLLM's generation, and under saturation vLLM's priority scheduler
 serves premium requests before the batch ones that were already waiting.
 """
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import wait_for
-from real_vllm import MODEL, VllmServer, real_vllm  # noqa: F401
-from shared_gateways import GatewayProcess, running_gateways, write_config
-from test_gateway_support import BATCH, PREMIUM, STANDARD
+from support.gateway import BATCH, PREMIUM, STANDARD
+from support.loopback import wait_for
+from support.real_vllm import MODEL, VllmServer, real_vllm  # noqa: F401
+from support.shared_gateways import GatewayProcess, running_gateways, write_config
 
 from collector.request_log import GatewayRecords
 from serving.sim.testing import sample_values, total
@@ -170,7 +170,7 @@ async def _stream_one(client: httpx.AsyncClient, key: str, max_tokens: int,
 
 def test_premium_requests_overtake_waiting_batch_ones_in_vllms_queue(front: Front) -> None:
     _idle(front)
-    seqs = 4  # tests/real_vllm.py PROFILE's max_num_seqs
+    seqs = 4  # tests/support/real_vllm.py PROFILE's max_num_seqs
 
     async def run() -> tuple[list[str], list[str], float]:
         async with httpx.AsyncClient(base_url=front.gateway.url, timeout=300.0) as client:

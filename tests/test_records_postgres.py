@@ -10,8 +10,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from helpers import free_port, wait_for
-from postgres_server import PostgresServer
+from support.loopback import free_port, wait_for
+from support.postgres import PostgresServer
 
 from collector.request_log import POOL_SIZE, GatewayRecord, GatewayRecords, RecordWriter
 from dashboard.gateway_data import open_request_log

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_slo_fleet import MODEL, OTHER_MODEL
+from support.fleet import MODEL, OTHER_MODEL
 
 from alerts.rules.model import Origin, Rule, prom_duration
 from alerts.rules.pipeline import RulesOptions, generate, rules_options, validate

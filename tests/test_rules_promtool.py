@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from prometheus_server import require_prometheus
+from support.prometheus import require_prometheus
 
 from alerts.rules.pipeline import RulesOptions, generate, rules_options, write_files
 from vigil.config import Config, load_config, parse_config

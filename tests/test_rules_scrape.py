@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, exposition_server, free_port, text
-from prometheus_server import PrometheusServer, require_prometheus
+from support.loopback import FIXTURES, exposition_server, free_port, text
+from support.prometheus import PrometheusServer, require_prometheus
 
 from alerts.rules.pipeline import RulesOptions, generate, write_files
 from alerts.rules.scrape_config import scrape_configs

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from prometheus_server import PrometheusServer, PromSeries, prometheus_fixture
-from test_slo_fleet import LATENCY_LE, MODEL, TTFT_LE
+from support.fleet import LATENCY_LE, MODEL, TTFT_LE
+from support.prometheus import PrometheusServer, PromSeries, prometheus_fixture
 
 from alerts.rules.pipeline import Rule, generate
 from slo.cost.pool import pool_cost

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_server import require_prometheus
+from support.prometheus import require_prometheus
 
 from alerts.rules import yaml_emitter
 from alerts.rules.model import Rule

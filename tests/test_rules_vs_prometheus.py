@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from prometheus_server import PrometheusServer, PromSeries, prometheus_fixture
-from test_slo_fleet import LATENCY_LE, MODEL, OTHER_MODEL, TTFT_LE
+from support.fleet import LATENCY_LE, MODEL, OTHER_MODEL, TTFT_LE
+from support.prometheus import PrometheusServer, PromSeries, prometheus_fixture
 
 from alerts.rules.pipeline import Rule, generate
 from collector.store import Store

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import free_port
-from prometheus_server import PrometheusServer, require_prometheus, start_prometheus
+from support.loopback import free_port
+from support.prometheus import PrometheusServer, require_prometheus, start_prometheus
 
 from alerts.rules import yaml_emitter
 from alerts.rules.cli import add_arguments, run

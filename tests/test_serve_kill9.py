@@ -26,9 +26,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import free_port
-from test_alert_support import Request, alert, receiver
-from test_serve import MODEL, load, stop_process, tight_slo_config, wait_for
+from support.alerts import Request, alert, receiver
+from support.loopback import free_port
+from support.serve import MODEL, load, stop_process, tight_slo_config, wait_for
 
 from alerts.notifier import Notifier
 from alerts.outbox import Outbox

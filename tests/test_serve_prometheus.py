@@ -33,10 +33,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import free_port, serve_http, wait_for
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_server import PrometheusServer, PromSeries, require_prometheus, run_prometheus
+from support.loopback import free_port, serve_http, wait_for
+from support.prometheus import PrometheusServer, PromSeries, require_prometheus, run_prometheus
 
 from alerts.exporter import Exporter, Snapshot
 from vigil_shell import alerts_cli

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
-from test_slo_fleet import AT, MODEL, TOKENS_LE, Fleet, vllm_labels
+from support.fleet import AT, MODEL, TOKENS_LE, Fleet, vllm_labels
 
 from collector.store import Store
 from slo.objectives.anomaly import histogram_count_above, pool_anomalies, raw_increase

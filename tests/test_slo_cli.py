@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_slo_fleet import AT, MODEL, busy_pool
+from support.fleet import AT, MODEL, busy_pool
 
 from collector.store import Store
 from slo.cli import TABLE_WIDTH, add_arguments, format_table, run

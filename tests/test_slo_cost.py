@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_slo_fleet import AT, MODEL, OTHER_MODEL, Fleet, target_labels, vllm_labels
+from support.fleet import AT, MODEL, OTHER_MODEL, Fleet, target_labels, vllm_labels
 
 from collector.store import Store
 from dashboard import whatif

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
-from test_slo_fleet import AT, MODEL, STEP_S, TTFT_LE, Fleet, vllm_labels
+from support.fleet import AT, MODEL, STEP_S, TTFT_LE, Fleet, vllm_labels
 
 from collector.store import Store
 from slo.promql import histogram_quantile, increase, instant_value, select_range, sum_by

@@ -26,9 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import Answer, Request, free_port, serve_http
-from prometheus_server import PrometheusServer, PromSeries, prometheus_fixture
-from test_slo_fleet import (
+from support.fleet import (
     FINISHED_REASONS,
     ITL_LE,
     LATENCY_LE,
@@ -39,6 +37,8 @@ from test_slo_fleet import (
     target_labels,
     vllm_labels,
 )
+from support.loopback import Answer, Request, free_port, serve_http
+from support.prometheus import PrometheusServer, PromSeries, prometheus_fixture
 
 from collector.store import Store, rollup
 from slo.cli import add_arguments, run

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_slo_fleet import AT, LATENCY_LE, MODEL, TOKENS_LE, TTFT_LE, Fleet, vllm_labels
+from support.fleet import AT, LATENCY_LE, MODEL, TOKENS_LE, TTFT_LE, Fleet, vllm_labels
 
 from collector.store import Store
 from dashboard import format as fmt

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_slo_fleet import (
+from support.fleet import (
     AT,
     ITL_LE,
     LATENCY_LE,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_slo_fleet import AT, MODEL, busy_pool
+from support.fleet import AT, MODEL, busy_pool
 
 from collector.store import Store
 from slo.objectives.sli import REASON_NO_REQUEST_DATA

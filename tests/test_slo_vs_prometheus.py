@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from prometheus_server import PrometheusServer, PromSeries, prometheus_fixture
-from test_slo_fleet import MODEL, TTFT_LE, target_labels, vllm_labels
+from support.fleet import MODEL, TTFT_LE, target_labels, vllm_labels
+from support.prometheus import PrometheusServer, PromSeries, prometheus_fixture
 
 from collector.store import Store
 from slo.objectives.sli import error_ratio

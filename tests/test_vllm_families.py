@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, LoopbackServer, by_path, slow, text
+from support.loopback import FIXTURES, LoopbackServer, by_path, slow, text
 
 from collector.exposition import parse
 from collector.scrape import TargetInfo, points_from_families, version_url

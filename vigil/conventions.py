@@ -60,6 +60,8 @@ LABEL_FINISHED_REASON = "finished_reason"
 LABEL_LE = "le"
 #: The ``finished_reason`` that is a server-side failure (HTTP 500); the others are not errors.
 FINISHED_REASON_ERROR = "error"
+#: Every ``finished_reason`` vLLM 0.33 labels ``vllm:request_success_total`` with.
+VLLM_FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 #: vLLM's API server, instrumented by prometheus-fastapi-instrumentator: one counter per
 #: ``handler``, ``method`` and ``status`` (grouped, ``"2xx"``, by default; ``"503"`` when
 #: ungrouped). No ``model_name``: a replica's answers, whatever the model.
@@ -201,6 +203,11 @@ VLLM_TTFT_BUCKETS = (
 VLLM_REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
     240.0, 480.0, 960.0, 1920.0, 7680.0,
+)
+#: ``inter_token_latency`` (and ``time_per_output_token``): seconds between tokens.
+VLLM_INTER_TOKEN_LATENCY_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
 )
 
 # --- Exporter (alerts/exporter.py: `/metrics` of `vigil serve`) -----------------------------

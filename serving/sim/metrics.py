@@ -41,6 +41,8 @@ from serving.sim.request import EngineRequest
 from vigil.conventions import (
     VLLM_BUCKET_FAMILY_REQUEST_LATENCY,
     VLLM_BUCKET_FAMILY_TTFT,
+    VLLM_FINISHED_REASONS,
+    VLLM_INTER_TOKEN_LATENCY_BUCKETS,
     VLLM_REQUEST_LATENCY_BUCKETS,
     VLLM_TTFT_BUCKETS,
 )
@@ -56,17 +58,17 @@ __all__ = [
     "new_replica_registry",
 ]
 
-# Bucket lists of vllm/v1/metrics/buckets.py (0.33). The two that --custom-histogram-buckets
-# can replace are the ones the SLO rules rely on, defined once in vigil.conventions.
+# Bucket lists of vllm/v1/metrics/buckets.py (0.33); the latency ones are defined once in
+# vigil.conventions (the two that --custom-histogram-buckets can replace are the ones the SLO
+# rules rely on).
 E2E_BUCKETS = VLLM_REQUEST_LATENCY_BUCKETS
 TTFT_BUCKETS = VLLM_TTFT_BUCKETS
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-               10.0, 20.0, 40.0, 80.0)
+ITL_BUCKETS = VLLM_INTER_TOKEN_LATENCY_BUCKETS
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 
-FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+FINISHED_REASONS = VLLM_FINISHED_REASONS
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 CACHED_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
 

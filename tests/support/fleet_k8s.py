@@ -17,7 +17,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
-from prometheus_server import PrometheusServer, require_prometheus, start_prometheus
+
+from support.prometheus import PrometheusServer, require_prometheus, start_prometheus
 
 __all__ = [
     "NAMESPACE",

@@ -8,9 +8,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from helpers import LoopbackServer, Request, serve_http
-
 from alerts.model import Alert
+from support.loopback import LoopbackServer, Request, serve_http
 from vigil.config import Config, parse_config
 
 __all__ = ["T0", "Behaviour", "Receiver", "Request", "alert", "config", "ok", "receiver",

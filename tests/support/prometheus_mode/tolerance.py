@@ -31,13 +31,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_mode_checker import Checker, masked
-from prometheus_mode_samples import SeriesId, Sides, idle_share_bound
-
 from slo.objectives.burn_rate import slo_burn_alerts
 from slo.objectives.spec import SloSpec, effective_slos
 from slo.scaling.policy import fit_window_for, trend
 from slo.scaling.signals import sample_times, ttft_threshold_for
+from support.prometheus_mode.checker import Checker, masked
+from support.prometheus_mode.samples import SeriesId, Sides, idle_share_bound
 from vigil.config import Config
 from vigil.conventions import (
     FINISHED_REASON_ERROR,

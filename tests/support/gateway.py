@@ -23,7 +23,6 @@ from typing import Any
 import httpx
 import openai
 import uvicorn
-from helpers import free_port
 
 from collector.request_log import GatewayRecord, GatewayRecords
 from serving.gateway.app import create_app
@@ -32,6 +31,7 @@ from serving.gateway.cli import server_choices
 from serving.gateway.pipeline import Gateway
 from serving.gateway.server_http import protocol
 from serving.sim.profiles import DEFAULT_MODEL
+from support.loopback import free_port
 from vigil.config import Config, parse_config
 
 MODEL = DEFAULT_MODEL

@@ -24,15 +24,15 @@ from typing import Any
 
 import httpx
 import openai
-from helpers import free_port
-from test_gateway_support import KEYS, MODEL, POOL, STANDARD
 
 from serving.gateway.auth import key_sha256
+from support.gateway import KEYS, MODEL, POOL, STANDARD
+from support.loopback import free_port
 from vigil.database import is_postgres_url
 
 __all__ = ["GatewayProcess", "running_gateways", "toml_value", "write_config"]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 #: A gateway process has this long to serve (seconds): a bound on the wait, not a measurement.
 START_TIMEOUT_S = 40.0

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from serving.sim.testing import free_port_block
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 #: ``serve_forever``'s poll interval (seconds): ``shutdown()`` waits up to this long.
 POLL_INTERVAL_S = 0.02

@@ -45,7 +45,8 @@ from pathlib import Path
 
 import pytest
 from conftest import require_binary
-from helpers import free_port
+
+from support.loopback import free_port
 
 __all__ = ["PostgresServer", "postgres_server", "postgres_url", "require_postgres"]
 

@@ -39,10 +39,10 @@ from typing import Any
 import httpx
 import pytest
 from conftest import in_ci
-from helpers import free_port
-from shared_gateways import toml_value, write_config
 
 from serving.vllm_args import build_command
+from support.loopback import free_port
+from support.shared_gateways import toml_value, write_config
 from vigil.config import load_config
 
 __all__ = [
@@ -59,7 +59,7 @@ __all__ = [
     "write_model",
 ]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "tests" / "artifacts"
 
 #: The pool and the model name the servers serve (``--served-model-name``): the simulator's

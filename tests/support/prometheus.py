@@ -2,7 +2,7 @@
 
 Usage in a test module::
 
-    from prometheus_server import PromSeries, prometheus_fixture
+    from support.prometheus import PromSeries, prometheus_fixture
 
     prom = prometheus_fixture(lambda: [PromSeries("x_total", {"instance": "a"}, samples)])
 
@@ -47,8 +47,8 @@ from typing import Any
 import httpx
 import pytest
 from conftest import require_binary
-from helpers import free_port
 
+from support.loopback import free_port
 from vigil.model import Labels, labels_of
 
 __all__ = [

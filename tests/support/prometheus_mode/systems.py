@@ -21,10 +21,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from prometheus_mode_load import Schedule
-from prometheus_server import PrometheusServer, require_prometheus, start_prometheus
-
 from collector.service import Collector
+from support.prometheus import PrometheusServer, require_prometheus, start_prometheus
+from support.prometheus_mode.load import Schedule
 from vigil.config import Config
 from vigil.conventions import FILE_ALERT_RULES, FILE_SCRAPE_CONFIG, FILE_SLO_RULES
 
