@@ -62,7 +62,9 @@ from slo.sources.prometheus import PrometheusSource
 from vigil.config import Config, load_config
 from vigil.selectors import as_selector
 
-pytestmark = pytest.mark.slow
+# Serial: the recorded samples are compared at the instants Prometheus evaluated them, and
+# an evaluation or scrape that other tests on the same cores delay moves the instants.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 POOL = "chat"

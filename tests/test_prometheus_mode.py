@@ -99,7 +99,9 @@ from vigil.conventions import (
 )
 from vigil_shell.cli import build_parser
 
-pytestmark = pytest.mark.slow
+# Serial: the recorded samples are compared at the instants Prometheus evaluated them, and
+# an evaluation or scrape that other tests on the same cores delay moves the instants.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 SCHEDULE = Schedule()
 #: Per cycle: arrivals per second of run time, giant prompts, or a restart (whole cycle paused).

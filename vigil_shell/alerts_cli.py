@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from vigil.cli_options import add_config_option, add_json_option
-from vigil.clock import system_clock
+from vigil.clock import Clock, system_clock
 
 __all__ = ["add_arguments", "format_table", "run"]
 
@@ -72,13 +72,13 @@ def format_table(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Print the firing alerts and the outbox; exit 0."""
+def run(args: argparse.Namespace, *, clock: Clock = system_clock) -> int:
+    """Print the firing alerts and the outbox, ages as of ``clock()``; exit 0."""
     from alerts.notifier import read_status
     from vigil.config import load_config
 
     config = load_config(args.config)
-    status = read_status(config.outbox_path(), system_clock())
+    status = read_status(config.outbox_path(), clock())
     if args.json:
         json.dump(status, sys.stdout, indent=2, sort_keys=True, default=str)
         print()
