@@ -1,4 +1,5 @@
-"""``vigil vllm-args``: the ``vllm serve`` command line of a pool's launch profile.
+"""The ``vllm serve`` command line of a pool's launch profile (``vigil vllm-args``,
+``vigil vllm-serve``: the commands are in ``vigil_shell``).
 
 Flags were checked against vLLM's source and docs (0.33: ``vllm/config/*.py``,
 ``vllm/v1/metrics/buckets.py``, docs/usage/metrics.md); see docs/vllm-launch.md. What the
@@ -17,16 +18,13 @@ exactly the command):
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from slo.objectives.spec import effective_slos
-from vigil.cli_options import add_config_option, add_json_option
-from vigil.config import Config, PoolConfig, load_config
+from vigil.config import Config, PoolConfig
 from vigil.conventions import (
     VLLM_BUCKET_FAMILY_REQUEST_LATENCY,
     VLLM_BUCKET_FAMILY_TTFT,
@@ -39,11 +37,9 @@ from vigil.errors import ConfigError
 
 __all__ = [
     "VllmCommand",
-    "add_arguments",
     "build_command",
     "histogram_buckets",
     "pool_of",
-    "run",
     "speculative_config",
 ]
 
@@ -182,46 +178,3 @@ def build_command(cfg: Config, pool_name: str, *, host: str | None = None,
         argv += ["--custom-histogram-buckets", _json(buckets)]
     argv += list(v.extra_args)
     return VllmCommand(argv, notes)
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port {port} is out of range 1-65535")
-    return port
-
-
-def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--config``, ``--pool``, ``--host``, ``--port`` (shared with ``vigil vllm-serve``).
-
-    ``--host`` and ``--port`` are passed to vLLM as they are: they keep ``vllm serve``'s own
-    spelling rather than Vigil's ``--listen HOST:PORT``."""
-    add_config_option(parser)
-    parser.add_argument("--pool", required=True, help="the pool whose [pools.vllm] profile to use")
-    parser.add_argument("--host", help="address vLLM listens on (default: vLLM's own)")
-    parser.add_argument("--port", type=_port, help="port vLLM listens on (default: vLLM's own)")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``vigil vllm-args``."""
-    add_common_arguments(parser)
-    add_json_option(parser, help="print the argv as a JSON list instead of a shell line")
-
-
-def command_from_args(args: argparse.Namespace) -> VllmCommand:
-    """The command for parsed ``--config/--pool/--host/--port``."""
-    cfg = load_config(args.config)
-    return build_command(cfg, args.pool, host=args.host, port=args.port)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Print the command (stdout: one line, or the JSON argv); notes go to stderr as
-    ``# note: ...`` lines."""
-    command = command_from_args(args)
-    for note in command.notes:
-        print(f"# note: {note}", file=sys.stderr)
-    print(json.dumps(command.argv) if args.json else command.shell())
-    return 0

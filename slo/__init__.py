@@ -14,5 +14,5 @@ Each imports only those listed before it (``tests/test_layers.py``):
   cheapest plan, and the replay of the scaling policy over history.
 
 ``slo.status`` composes them into the status JSON of one instant (``vigil slo status``,
-``vigil serve``); ``slo.cli`` prints it. Nothing under ``slo/`` reads a clock.
+``vigil serve``); ``vigil_shell.slo_status_cli`` prints it. Nothing under ``slo/`` reads a clock.
 """

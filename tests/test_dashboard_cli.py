@@ -19,14 +19,14 @@ import pytest
 from support.dashboard_seed import config_toml
 from support.loopback import free_port
 
-from dashboard.cli import APP_PATH, add_arguments, listen_address, streamlit_command
 from vigil.children import port_free
 from vigil.config import parse_config
 from vigil_shell.cli import main
+from vigil_shell.dashboard_cli import APP_PATH, add_arguments, listen_address, streamlit_command
 
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 60.0
-#: The command's own bound (dashboard.cli.STOP_GRACE) plus room for a loaded machine.
+#: The command's own bound (vigil_shell.dashboard_cli.STOP_GRACE) plus room for a loaded machine.
 STOP_TIMEOUT_S = 20.0
 
 

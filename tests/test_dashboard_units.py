@@ -444,7 +444,7 @@ def test_cached_series_are_the_engine_points_settled_or_recent(seeded: Path) -> 
 
 # --- the public surface -------------------------------------------------------------------------
 @pytest.mark.parametrize("module", [
-    "dashboard.alerts_view", "dashboard.auth", "dashboard.charts", "dashboard.cli",
+    "dashboard.alerts_view", "dashboard.auth", "dashboard.charts", "vigil_shell.dashboard_cli",
     "dashboard.controls", "dashboard.data", "dashboard.format", "dashboard.gateway_data",
     "dashboard.status_view", "dashboard.timeseries", "dashboard.whatif"])
 def test_every_exported_name_exists(module: str) -> None:

@@ -28,8 +28,8 @@ from support.browser import PAGES, artifacts, check_pages, chromium
 
 from collector.store import Store
 from serving.sim.testing import free_port_block
-from slo.cli import add_arguments, run
 from vigil.errors import StoreError
+from vigil_shell.slo_status_cli import add_arguments, run
 
 # The story's five minutes, the browser check and a clean stop, all under one demo.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

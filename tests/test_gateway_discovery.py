@@ -31,12 +31,12 @@ from support.gateway import (
 
 from collector.discovery import ORIGIN_STATIC, TargetSet
 from serving.gateway.auth import key_sha256
-from serving.gateway.cli import replicas_line
 from serving.gateway.pipeline import Gateway
 from serving.gateway.upstreams import Upstreams
 from serving.sim.testing import FleetHandle, running_fleet
 from vigil.clock import ManualClock
 from vigil.config import Config, parse_config
+from vigil_shell.gateway_cli import replicas_line
 
 CHAT = "/v1/chat/completions"
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}

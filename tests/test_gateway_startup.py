@@ -9,8 +9,8 @@ import httpx
 from support.gateway import PREMIUM, gateway_config, running_gateway
 from support.loopback import free_port
 
-from serving.gateway.cli import freeze_heap
 from serving.gateway.pipeline import Gateway
+from vigil_shell.gateway_cli import freeze_heap
 
 
 def test_on_started_runs_once_after_start_up(tmp_path: Path) -> None:

@@ -21,7 +21,6 @@ import jsonschema
 import pytest
 import yaml
 
-from alerts.rules import cli as rules_cli
 from alerts.rules.keda import (
     DEFAULT_PROMETHEUS_URL,
     KedaOptions,
@@ -31,6 +30,7 @@ from alerts.rules.keda import (
 from alerts.rules.promql import kv_usage_expr, queue_length_expr
 from vigil.config import Config, parse_config
 from vigil.errors import ConfigError
+from vigil_shell import rules_cli
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 GOLDEN = Path(__file__).resolve().parent / "golden" / "rules"

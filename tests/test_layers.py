@@ -139,9 +139,9 @@ def test_the_packages_between_import_each_other_without_a_cycle() -> None:
 
 # --- inside the rooms --------------------------------------------------------------------------
 #: The subpackages of ``slo`` in layer order: each imports only those before it (and the
-#: ground). ``slo.status`` and ``slo.cli``, at the top, compose them all.
+#: ground). ``slo.status``, at the top, composes them all.
 SLO_LAYERS = ("promql", "sources", "objectives", "cost", "scaling", "planning")
-SLO_TOP = ("slo", "slo.status", "slo.cli")
+SLO_TOP = ("slo", "slo.status")
 
 
 def _slo_layer(module: str) -> int:
@@ -203,3 +203,26 @@ def test_test_modules_share_code_through_support_only() -> None:
             if target.rpartition(".")[2].startswith("test_"):
                 found.append(f"  {path.relative_to(REPO)}:{line}: imports {target}")
     assert not found, "import from tests/support/ instead:\n" + "\n".join(found)
+
+
+def test_command_line_code_lives_in_the_shell() -> None:
+    """One module per command under ``vigil_shell/``: no room parses arguments."""
+    found = []
+    for room in ROOMS:
+        for path in sorted((REPO / room).rglob("*.py")):
+            for line, target in _imports(path):
+                if target in ("argparse", "vigil.cli_options"):
+                    found.append(f"  {path.relative_to(REPO)}:{line}: imports {target}")
+    assert not found, "move the command to vigil_shell/:\n" + "\n".join(found)
+
+
+def test_every_command_is_a_shell_module_with_its_options_and_run() -> None:
+    from vigil_shell.cli import COMMANDS, SLO_STATUS
+
+    for name, _, module in [*COMMANDS, ("slo status", "", SLO_STATUS)]:
+        assert module.startswith("vigil_shell."), (name, module)
+        path = REPO / (module.replace(".", "/") + ".py")
+        assert path.exists(), (name, path)
+        tree = ast.parse(path.read_text())
+        functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert {"add_arguments", "run"} <= functions, (name, module)

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from support.loopback import LoopbackServer
 
-from serving import loadgen
 from serving.loadgen.client import generate
 from serving.loadgen.report import RequestResult, Slo, percentiles, summarize
 from serving.loadgen.workload import FAQ, Workload, next_interval, plan_request
 from serving.sim.testing import running_fleet, sample_values, total
 from vigil.config import SloDefaults
+from vigil_shell import loadgen_cli as loadgen
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

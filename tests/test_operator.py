@@ -29,7 +29,6 @@ from conftest import require_binary
 from support.loopback import FIXTURES, exposition_server, text
 from support.prometheus import APT_PACKAGE, PrometheusServer, require_prometheus, start_prometheus
 
-from alerts.rules import cli as rules_cli
 from alerts.rules import yaml_emitter
 from alerts.rules.operator import (
     MAX_APPLIED_BYTES,
@@ -44,6 +43,7 @@ from alerts.rules.operator import (
 from alerts.rules.pipeline import RulesResult, generate
 from vigil.config import Config, load_config, parse_config
 from vigil.errors import ConfigError
+from vigil_shell import rules_cli
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "rules"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -1,4 +1,4 @@
-"""``vigil rules prometheus`` through ``alerts.rules.cli`` (``add_arguments`` + ``run``)."""
+"""``vigil rules prometheus`` through ``vigil_shell.rules_cli`` (``add_arguments`` + ``run``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts.rules import cli as rules_cli
 from vigil.errors import ConfigError
+from vigil_shell import rules_cli
 
 CONFIG = """
 [[pools]]

@@ -22,7 +22,6 @@ from support.loopback import free_port
 from support.prometheus import PrometheusServer, require_prometheus, start_prometheus
 
 from alerts.rules import yaml_emitter
-from alerts.rules.cli import add_arguments, run
 from alerts.rules.pipeline import generate, write_files
 from alerts.rules.scrape_config import discovery_job, scrape_configs, scrape_notes
 from collector.discovery import ORIGIN_STATIC, TargetSet
@@ -32,6 +31,7 @@ from vigil.config import Config, parse_config
 from vigil.conventions import FILE_SCRAPE_CONFIG
 from vigil.errors import ConfigError
 from vigil.model import Labels, labels_of
+from vigil_shell.rules_cli import add_arguments, run
 
 MODEL = "m"
 DEADLINE_S = 60.0

@@ -1,4 +1,5 @@
-"""``vigil slo status`` through ``slo.cli``: flags, JSON, errors, and the 100-column table."""
+"""``vigil slo status`` through ``vigil_shell.slo_status_cli``: flags, JSON, errors, and the
+100-column table."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ import pytest
 from support.fleet import AT, MODEL, busy_pool
 
 from collector.store import Store
-from slo.cli import TABLE_WIDTH, add_arguments, format_table, run
 from slo.sources.embedded import EmbeddedSource
 from slo.status import evaluate
 from vigil.config import parse_config
 from vigil.errors import StoreError
+from vigil_shell.slo_status_cli import TABLE_WIDTH, add_arguments, format_table, run
 
 REPO = Path(__file__).resolve().parent.parent
 LONG_MODEL = "organisation-with-a-long-name/Llama-3.1-70B-Instruct-quantized.w8a8-experimental"
@@ -95,7 +96,7 @@ def test_missing_store_says_to_run_collect(tmp_path: Path) -> None:
 
 
 def test_json_through_a_subprocess(config_file: Path) -> None:
-    code = ("import argparse, sys; from slo.cli import add_arguments, run; "
+    code = ("import argparse, sys; from vigil_shell.slo_status_cli import add_arguments, run; "
             "p = argparse.ArgumentParser(); add_arguments(p); "
             "sys.exit(run(p.parse_args(sys.argv[1:])))")
     proc = subprocess.run(

@@ -41,7 +41,6 @@ from support.loopback import Answer, Request, free_port, serve_http
 from support.prometheus import PrometheusServer, PromSeries, prometheus_fixture
 
 from collector.store import Store, rollup
-from slo.cli import add_arguments, run
 from slo.promql.lookup import eval_time_ms
 from slo.sources.embedded import EmbeddedSource
 from slo.sources.prometheus import (
@@ -57,6 +56,7 @@ from slo.status import evaluate
 from vigil.config import parse_config
 from vigil.errors import VigilError
 from vigil.model import Labels, SeriesKey, labels_of
+from vigil_shell.slo_status_cli import add_arguments, run
 
 pytestmark = pytest.mark.slow
 

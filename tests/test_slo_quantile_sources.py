@@ -14,7 +14,6 @@ from support.fleet import AT, LATENCY_LE, MODEL, TOKENS_LE, TTFT_LE, Fleet, vllm
 
 from collector.store import Store
 from dashboard import format as fmt
-from slo.cli import add_arguments, format_table
 from slo.objectives.quantiles import (
     histogram_figures,
     model_quantiles,
@@ -25,6 +24,7 @@ from slo.promql.quantile import quantile_bounds
 from slo.sources.embedded import EmbeddedSource
 from vigil.conventions import TOKENS_CHUNKS, TOKENS_USAGE
 from vigil.model import RequestRecord
+from vigil_shell.slo_status_cli import add_arguments, format_table
 
 WINDOW = 300.0
 #: One 15-s step of the fleet: four requests (TTFT, e2e), 128 tokens out, 1000 in each.

@@ -1,5 +1,5 @@
 """`vigil vllm-args` / `vigil vllm-serve`: golden commands for a few launch profiles, errors
-(serving/vllm_args.py, serving/vllm_launch.py)."""
+(serving/vllm_args.py, vigil_shell/vllm_serve_cli.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from serving import vllm_launch
 from serving.vllm_args import build_command, histogram_buckets, speculative_config
-from serving.vllm_launch import missing_requirements
 from vigil.config import Config, parse_config
 from vigil.errors import ConfigError
+from vigil_shell import vllm_serve_cli as vllm_launch
 from vigil_shell.cli import main
+from vigil_shell.vllm_serve_cli import missing_requirements
 
 CONFIG = """
 [[pools]]

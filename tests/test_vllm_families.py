@@ -25,7 +25,6 @@ from collector.vllm_families import (
     health_warnings,
     parse_version,
 )
-from slo.cli import TABLE_WIDTH, format_table
 from slo.sources.embedded import EmbeddedSource
 from slo.status import evaluate
 from vigil.clock import ManualClock
@@ -33,6 +32,7 @@ from vigil.config import load_config, parse_config
 from vigil.conventions import VLLM_TTFT
 from vigil.model import TargetHealth
 from vigil_shell.cli import main
+from vigil_shell.slo_status_cli import TABLE_WIDTH, format_table
 
 V0 = (FIXTURES / "vllm_v0_metrics_sample.txt").read_text()
 V0_MODEL = "meta-llama/Llama-3.1-8B-Instruct"

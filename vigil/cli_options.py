@@ -1,6 +1,6 @@
 """The options every ``vigil`` command spells the same way, declared once.
 
-A command's module (``slo.cli``, ``dashboard.cli``, ``serving.gateway.cli``...) adds them to
+A command's module (``vigil_shell.slo_status_cli``, ``vigil_shell.gateway_cli``...) adds them to
 its parser from here without importing the ``vigil`` command itself:
 
 =====================  ============================================================

@@ -12,149 +12,51 @@ The options every command shares are declared once, in ``vigil.cli_options``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import logging
 import os
-import signal
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from vigil import __version__
 from vigil.cli_options import (
-    add_at_option,
-    add_config_option,
-    add_json_option,
     add_log_level_option,
 )
-from vigil.errors import ConfigError, ExtraMissingError, VigilError
+from vigil.errors import ExtraMissingError, VigilError
 from vigil.extras import missing_extra
 
 __all__ = ["build_parser", "main"]
 
 
-# --- collect ------------------------------------------------------------------------------
-def _cmd_collect(args: argparse.Namespace) -> int:
-    from collector.service import Collector
-    from vigil.config import load_config
-
-    cfg = load_config(args.config)
-    if not cfg.targets and not cfg.discovery:
-        raise ConfigError("no [[targets]] to scrape and no [[discovery]] to find them",
-                          file=args.config, key="targets")
-
-    async def once() -> int:
-        async with Collector(cfg) as c:
-            results = await c.scrape_all()
-        for h in results:
-            state = "up" if h.up else f"DOWN ({h.error})"
-            print(f"{h.target:<24} {state:<8} {h.samples:>6} samples  {h.duration * 1000:7.1f} ms")
-        return 0
-
-    async def forever() -> int:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        async with Collector(cfg) as c:
-            found = f" ({len(cfg.discovery)} discovery sources)" if cfg.discovery else ""
-            print(
-                f"vigil collect: {len(c.targets)} targets{found} every "
-                f"{cfg.collector.scrape_interval:g}s into {cfg.store_path()} (Ctrl-C stops)",
-                flush=True,
-            )
-            await c.run(stop)
-            print(f"vigil collect: stopped after {c.scrapes} scrapes", flush=True)
-        return 0
-
-    return asyncio.run(once() if args.once else forever())
-
-
-# --- ingest -------------------------------------------------------------------------------
-def _cmd_ingest(args: argparse.Namespace) -> int:
-    from collector.ingest import prepare_ingest, write_ingest
-    from collector.service import target_info
-    from collector.store import Store
-    from vigil.config import load_config
-
-    cfg = load_config(args.config)
-    try:
-        target = cfg.target(args.target)
-    except KeyError:
-        names = ", ".join(t.name for t in cfg.targets) or "none"
-        raise ConfigError(
-            f"--target {args.target!r} is not a target of this config (targets: {names})",
-            file=args.config,
-        ) from None
-    at = args.at if args.at is not None else time.time()
-    # Parse everything first: a bad file must not even create the store.
-    prepared = prepare_ingest(target_info(target), args.files, at=at,
-                              backfill_up=not args.no_up)
-    s = cfg.store
-    with Store(cfg.store_path(), raw_retention_s=s.raw_retention,
-               downsampled_retention_s=s.downsampled_retention,
-               resolution_s=s.resolution) as store:
-        report = write_ingest(store, prepared)
-    for name, mode, n in report.files:
-        print(f"{name}: {n} samples ({mode})")
-    if report.up_added:
-        print(f"up = 1 at {report.up_added} backfill timestamps (--no-up to skip)")
-    print(f"stored {report.points} points for target {target.name!r} in {cfg.store_path()}")
-    return 0
-
-
-# --- targets ------------------------------------------------------------------------------
-def _cmd_targets(args: argparse.Namespace) -> int:
-    from vigil_shell import targets_cli
-
-    return targets_cli.run(args)
-
-
-# --- serve / alerts ----------------------------------------------------------------------
-def _cmd_serve(args: argparse.Namespace) -> int:
-    from vigil_shell import serve
-
-    return serve.run(args)
-
-
-def _cmd_alerts(args: argparse.Namespace) -> int:
-    from vigil_shell import alerts_cli
-
-    return alerts_cli.run(args)
-
-
-def _cmd_rules(args: argparse.Namespace) -> int:
-    from alerts.rules import cli as rules_cli
-
-    return int(rules_cli.run(args))
-
-
-# --- slo ---------------------------------------------------------------------------------
-def _cmd_slo_status(args: argparse.Namespace) -> int:
-    from slo import cli as slo_cli
-
-    return slo_cli.run(args)
-
-
-# --- sim / demo ---------------------------------------------------------------------------
-def _cmd_sim(args: argparse.Namespace) -> int:
-    from serving.sim import cli as sim_cli
-
-    return sim_cli.run(args)
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from vigil_shell import demo
-
-    return demo.run(args)
-
-
-def _cmd_loadgen(args: argparse.Namespace) -> int:
-    from serving import loadgen
-
-    return loadgen.run(args)
+#: ``(command, help, module)``: every command but ``slo status``, in the order of ``--help``.
+COMMANDS = (
+    ("collect", "scrape the configured targets into the store", "vigil_shell.collect_cli"),
+    ("ingest", "store exposition files as if scraped from a target", "vigil_shell.ingest_cli"),
+    ("targets", "every target, static and discovered, and its health, like Prometheus's "
+                "targets page", "vigil_shell.targets_cli"),
+    ("serve", "collector + SLO evaluation + alerts + /metrics, in one", "vigil_shell.serve"),
+    ("alerts", "firing alerts and the notification outbox", "vigil_shell.alerts_cli"),
+    ("rules", "Prometheus recording/alert rules, scrape config and KEDA ScaledObjects",
+     "vigil_shell.rules_cli"),
+    ("sim", "run a simulated vLLM fleet (no GPU needed)", "vigil_shell.sim_cli"),
+    ("loadgen", "send a mixed workload to a vLLM-compatible endpoint",
+     "vigil_shell.loadgen_cli"),
+    ("demo", "simulated fleet + load + collector, all on this machine", "vigil_shell.demo"),
+    ("gateway", "OpenAI-compatible gateway: tiers, max_tokens policy, semantic cache",
+     "vigil_shell.gateway_cli"),
+    ("vllm-args", "print the `vllm serve` command for a pool's launch profile",
+     "vigil_shell.vllm_args_cli"),
+    ("vllm-serve", "run `vllm serve` for a pool (needs the vllm extra and a GPU)",
+     "vigil_shell.vllm_serve_cli"),
+    ("dashboard", "the Streamlit dashboard", "vigil_shell.dashboard_cli"),
+    ("capacity", "the highest load a replica serves within its SLOs, measured",
+     "vigil_shell.capacity_cli"),
+    ("plan", "the cheapest configuration that meets the SLOs for the traffic",
+     "vigil_shell.plan_cli"),
+)
+#: ``vigil slo status``: a sub-subcommand.
+SLO_STATUS = "vigil_shell.slo_status_cli"
 
 
 def _run_module(module: str) -> Any:
@@ -176,70 +78,22 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     add_log_level_option(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("collect", help="scrape the configured targets into the store")
-    add_config_option(p)
-    p.add_argument("--once", action="store_true", help="scrape every target once and exit")
-    p.set_defaults(func=_cmd_collect)
-
-    p = sub.add_parser("ingest", help="store exposition files as if scraped from a target")
-    add_config_option(p)
-    p.add_argument("--target", required=True, help="the target's name in the config")
-    add_at_option(p, help="timestamp of a file without sample timestamps (default: now)")
-    p.add_argument("--no-up", action="store_true",
-                   help="store a backfill without `up` as it is; by default it gets up = 1 "
-                        "for the target at each of its timestamps, as its scrapes would have")
-    p.add_argument("files", nargs="+", metavar="FILE", help="exposition files; - reads stdin")
-    p.set_defaults(func=_cmd_ingest)
-
-    p = sub.add_parser("targets", help="every target, static and discovered, and its health, "
-                                        "like Prometheus's targets page")
-    add_config_option(p)
-    add_json_option(p)
-    p.add_argument("--refresh", action="store_true",
-                   help="after the list, keep reading the discovery sources on their "
-                        "intervals and print each target added, removed or changed (Ctrl-C "
-                        "stops)")
-    p.set_defaults(func=_cmd_targets)
-
-    # The other commands' options live with their modules, which import the web stack, the
-    # scheduler or pandas. Only the chosen command's module is imported: `vigil --help` and
-    # `vigil targets` stay fast, and a broken optional module cannot break every command.
-    lazy = [
-        ("serve", "collector + SLO evaluation + alerts + /metrics, in one",
-         "vigil_shell.serve", _cmd_serve),
-        ("alerts", "firing alerts and the notification outbox", "vigil_shell.alerts_cli",
-         _cmd_alerts),
-        ("rules", "Prometheus recording/alert rules, scrape config and KEDA ScaledObjects",
-         "alerts.rules.cli", _cmd_rules),
-        ("sim", "run a simulated vLLM fleet (no GPU needed)", "serving.sim.cli", _cmd_sim),
-        ("loadgen", "send a mixed workload to a vLLM-compatible endpoint", "serving.loadgen",
-         _cmd_loadgen),
-        ("demo", "simulated fleet + load + collector, all on this machine", "vigil_shell.demo",
-         _cmd_demo),
-        ("gateway", "OpenAI-compatible gateway: tiers, max_tokens policy, semantic cache",
-         "serving.gateway.cli", _run_module("serving.gateway.cli")),
-        ("vllm-args", "print the `vllm serve` command for a pool's launch profile",
-         "serving.vllm_args", _run_module("serving.vllm_args")),
-        ("vllm-serve", "run `vllm serve` for a pool (needs the vllm extra and a GPU)",
-         "serving.vllm_launch", _run_module("serving.vllm_launch")),
-        ("dashboard", "the Streamlit dashboard", "dashboard.cli", _run_module("dashboard.cli")),
-        ("capacity", "the highest load a replica serves within its SLOs, measured",
-         "vigil_shell.capacity_cli", _run_module("vigil_shell.capacity_cli")),
-        ("plan", "the cheapest configuration that meets the SLOs for the traffic",
-         "vigil_shell.plan_cli", _run_module("vigil_shell.plan_cli")),
-    ]
-    for name, help_text, module, func in lazy:
+    # Each command is a module of vigil_shell with add_arguments(parser) and run(args). Only
+    # the chosen command's module is imported, since some import the web stack, the scheduler
+    # or pandas: `vigil --help` and `vigil targets` stay fast, and a broken optional module
+    # cannot break every command.
+    for name, help_text, module in COMMANDS:
         p = sub.add_parser(name, help=help_text)
         if selected == name:
             importlib.import_module(module).add_arguments(p)
-        p.set_defaults(func=func)
+        p.set_defaults(func=_run_module(module))
 
     p = sub.add_parser("slo", help="the SLO engine: SLIs, burn rates, budgets, cost, scaling")
     slo_sub = p.add_subparsers(dest="slo_command", metavar="SUBCOMMAND", required=True)
     p = slo_sub.add_parser("status", help="every SLO, burn rate, cost and scaling advice now")
     if selected == "slo":
-        importlib.import_module("slo.cli").add_arguments(p)
-    p.set_defaults(func=_cmd_slo_status)
+        importlib.import_module(SLO_STATUS).add_arguments(p)
+    p.set_defaults(func=_run_module(SLO_STATUS))
     return parser
 
 

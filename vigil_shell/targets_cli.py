@@ -24,9 +24,10 @@ from typing import Any
 
 from collector.discovery import DiscoveredTarget, TargetChanges, TargetSet
 from collector.vllm_families import health_warnings
+from vigil.cli_options import add_config_option, add_json_option
 from vigil.config import Config, load_config
 
-__all__ = ["run", "target_rows"]
+__all__ = ["add_arguments", "run", "target_rows"]
 
 
 def _age(seconds: float) -> str:
@@ -201,6 +202,16 @@ async def _watch(targets: TargetSet, cfg: Config, as_json: bool) -> int:
             reported = errors
     await task
     return 1 if any(reported.values()) else 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``vigil targets``."""
+    add_config_option(p)
+    add_json_option(p)
+    p.add_argument("--refresh", action="store_true",
+                   help="after the list, keep reading the discovery sources on their "
+                        "intervals and print each target added, removed or changed (Ctrl-C "
+                        "stops)")
 
 
 def run(args: argparse.Namespace) -> int:

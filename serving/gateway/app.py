@@ -104,7 +104,8 @@ def create_app(cfg: Config, *, clock: Clock = system_clock, cache: Any = None,
     """The gateway app for ``cfg``. ``cache`` injects a ``SemanticCache`` (else built from
     ``[gateway.cache]``); ``batch=False`` leaves the batch queue out. ``on_started`` runs once
     the lifespan's start-up is done (records open, replicas polled, the cache's model loaded),
-    before the first request: ``vigil gateway`` freezes the heap there (``cli.freeze_heap``)."""
+    before the first request: ``vigil gateway`` freezes the heap there
+    (``vigil_shell.gateway_cli.freeze_heap``)."""
     gw = gateway or Gateway(cfg, clock=clock, cache=cache)
     queue = _batch_queue(gw, cfg, clock) if batch else None
     if queue is not None:

@@ -11,6 +11,7 @@ the same seed sends the same requests at the same offsets.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass, field, replace
@@ -211,3 +212,28 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "faq": {"shape": "steady", "faq_share": 0.8, "long_share": 0.0},
     "tiers": {"shape": "steady", "tiers": {"premium": 0.3, "standard": 0.4, "batch": 0.3}},
 }
+
+
+def keyed_workload(wl: Workload, keys: dict[str, str], *, explicit_mix: bool) -> Workload:
+    """The workload ``wl`` sent with ``keys`` (tier -> API key).
+
+    A gateway answers a request without a key 401, so with keys given only keyed tiers are
+    sent: the tier mix (a scenario's or the default) keeps the keyed tiers' shares. A mix the
+    user gave (``explicit_mix``) that sends a tier without a key is refused, naming it.
+    Without keys every tier is sent, carrying vLLM's ``priority`` (straight to vLLM)."""
+    if not keys:
+        return wl
+    mix = wl.tiers or {"standard": 1.0}
+    unkeyed = sorted(t for t, share in mix.items() if share > 0 and t not in keys)
+    if not unkeyed:
+        return wl
+    if explicit_mix:
+        raise ValueError(f"--tier-mix sends {', '.join(unkeyed)} requests but --key gives no "
+                         f"key for {'it' if len(unkeyed) == 1 else 'them'} (the gateway would "
+                         f"answer 401): add --key {unkeyed[0]}=KEY or leave "
+                         f"{'it' if len(unkeyed) == 1 else 'them'} out of --tier-mix")
+    kept = {t: share for t, share in mix.items() if t in keys and share > 0}
+    if not kept:
+        # The default mix has no share for the keyed tiers: send them evenly.
+        kept = dict.fromkeys(keys, 1.0)
+    return dataclasses.replace(wl, tiers=kept)

@@ -17,7 +17,6 @@ Modules, one job each:
 - ``api``        the FastAPI app of one replica
 - ``replica``    one simulated vLLM server (engine + registry + GPU + app), restartable
 - ``server``     N replicas on consecutive ports in one process and one event loop
-- ``cli``        ``vigil sim`` / ``python -m serving.sim``
 - ``testing``    ``running_fleet(...)``: a fleet on free ports for tests
 """
 

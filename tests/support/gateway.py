@@ -27,12 +27,12 @@ import uvicorn
 from collector.request_log import GatewayRecord, GatewayRecords
 from serving.gateway.app import create_app
 from serving.gateway.auth import key_sha256
-from serving.gateway.cli import server_choices
 from serving.gateway.pipeline import Gateway
 from serving.gateway.server_http import protocol
 from serving.sim.profiles import DEFAULT_MODEL
 from support.loopback import free_port
 from vigil.config import Config, parse_config
+from vigil_shell.gateway_cli import server_choices
 
 MODEL = DEFAULT_MODEL
 POOL = "chat"

@@ -141,7 +141,7 @@ def scraping_prometheus(workdir: Path, rules_dir: Path) -> Iterator[PrometheusSe
 
 def slo_status(config_path: Path, at_s: float, prometheus_url: str = "") -> dict[str, Any]:
     """``vigil slo status --config F --json --at T [--prometheus-url URL]``, parsed."""
-    from slo.cli import add_arguments, run
+    from vigil_shell.slo_status_cli import add_arguments, run
 
     parser = argparse.ArgumentParser(prog="vigil slo status")
     add_arguments(parser)

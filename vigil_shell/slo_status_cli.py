@@ -4,8 +4,8 @@ Wire it as a sub-subcommand::
 
     slo = sub.add_parser("slo", ...).add_subparsers(dest="slo_command", required=True)
     p = slo.add_parser("status", help="...")
-    slo.cli.add_arguments(p)
-    p.set_defaults(func=slo.cli.run)
+    vigil_shell.slo_status_cli.add_arguments(p)
+    p.set_defaults(func=vigil_shell.slo_status_cli.run)
 
 Flags override ``[engine]``: ``--prometheus-url URL`` (or ``engine.prometheus_url``) reads from
 a Prometheus-compatible API, otherwise the embedded store is opened read-only. The evaluation

@@ -3,8 +3,8 @@
 ``vigil_shell/cli.py`` wires it as::
 
     p = subparsers.add_parser("sim", help="run simulated vLLM replicas")
-    serving.sim.cli.add_arguments(p)
-    p.set_defaults(func=serving.sim.cli.run)   # run(args) -> exit code
+    vigil_shell.sim_cli.add_arguments(p)
+    p.set_defaults(func=vigil_shell.sim_cli.run)   # run(args) -> exit code
 
 The replicas stand in for ``vllm serve``, so their options keep vLLM's spelling (``--host``,
 ``--port``, ``--max-loras``...) rather than Vigil's ``--listen HOST:PORT``.

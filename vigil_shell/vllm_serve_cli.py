@@ -19,8 +19,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from serving.vllm_args import VllmCommand, add_common_arguments, command_from_args
+from serving.vllm_args import VllmCommand
 from vigil.errors import LaunchError
+from vigil_shell.vllm_args_cli import add_common_arguments, command_from_args
 
 __all__ = ["add_arguments", "gpu_present", "missing_requirements", "run", "vllm_installed"]
 

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import dashboard
 from dashboard.auth import access_problem, secrets_files
 from vigil.children import spawn, stop, stop_signals
 from vigil.cli_options import (
@@ -39,7 +40,7 @@ __all__ = ["APP_PATH", "STOP_GRACE", "add_arguments", "listen_address", "run",
            "streamlit_command"]
 
 #: The Streamlit entry point.
-APP_PATH = Path(__file__).resolve().parent / "app.py"
+APP_PATH = Path(dashboard.__file__).resolve().parent / "app.py"
 #: Seconds Streamlit gets to stop after SIGTERM before it is killed.
 STOP_GRACE = 10.0
 #: How often the command looks for a stop request while Streamlit runs (seconds).

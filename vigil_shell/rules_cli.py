@@ -3,8 +3,8 @@
 Wire it as a subcommand with sub-subcommands::
 
     p = sub.add_parser("rules", help="Prometheus rules, scrape config and KEDA objects")
-    alerts.rules.cli.add_arguments(p)
-    p.set_defaults(func=alerts.rules.cli.run)
+    vigil_shell.rules_cli.add_arguments(p)
+    p.set_defaults(func=vigil_shell.rules_cli.run)
 
 ``vigil rules prometheus --config F [--out DIR]`` writes ``DIR/vigil-slo-rules.yml``,
 ``DIR/vigil-alert-rules.yml``, ``DIR/vigil-rules-test.yml`` and ``DIR/prometheus-scrape.yml``;
