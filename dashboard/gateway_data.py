@@ -2,9 +2,10 @@
 
 vLLM's metrics know nothing of tenants, tiers, the semantic cache or timeouts seen by clients;
 the gateway (``vigil gateway``) records every request it handled in ``[gateway] records_path``
-(or the ``[gateway] database`` several gateways share), read through
-``slo.sources.protocol.RequestLog`` (``collector.request_log.GatewayRecords``). Without them there
-is simply no gateway data: every function here is then never called and the pages say how to get it.
+(or the ``[gateway] database`` several gateways share), opened as the engine opens it
+(``slo.sources.open.request_log``) and read through ``slo.sources.protocol.RequestLog``. Without
+them there is simply no gateway data: every function here is then never called and the pages
+say how to get it.
 
 The sums below (cost, savings, counts per tier or error class) are over records as stored;
 ``cost_usd`` is the request's attributed share of its replica's GPU time (busy time only: idle
@@ -13,13 +14,11 @@ GPU time is the pool's, which the engine's cost per 1000 requests includes).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
-from collector.request_log import GatewayRecords
 from slo.cost.pool import tier_costs
+from slo.sources.open import request_log
 from slo.sources.protocol import RequestLog
 from vigil.config import Config
 from vigil.conventions import ANOMALY_REQUEST
@@ -36,25 +35,11 @@ __all__ = [
 #: The error-class label of a request without an error.
 CLASS_OK = "ok"
 
-#: The PostgreSQL readers ``open_request_log`` handed out, by URL.
-_SHARED: dict[str, GatewayRecords] = {}
-_SHARED_LOCK = threading.Lock()
-
-
 def open_request_log(config: Config) -> RequestLog | None:
-    """The gateway's records as a ``RequestLog``: on the ``[gateway] database`` URL when set,
-    else the records file, or ``None`` when that file does not exist (the gateway never ran).
-
-    One reader per URL is kept for the process and shared by every query (it is thread-safe),
-    so that the pages do not open a PostgreSQL pool per query."""
-    target = config.gateway_database()
-    if isinstance(target, Path):
-        return GatewayRecords(target) if target.exists() else None
-    with _SHARED_LOCK:
-        log = _SHARED.get(target)
-        if log is None:
-            log = _SHARED[target] = GatewayRecords(target)
-        return log
+    """The gateway's records as the engine opens them for a long-lived reader
+    (``slo.sources.open.request_log(shared=True)``): one reader per database URL for the
+    process, or ``None`` when the records file does not exist (the gateway never ran)."""
+    return request_log(config, shared=True)
 
 
 def _records(log: RequestLog, pool: str, at_s: float, window_s: float,

@@ -40,6 +40,7 @@ __all__ = [
     "Dialect",
     "SqlDatabase",
     "is_postgres_url",
+    "lock_key",
     "migrate",
     "open_database",
     "redact_url",
@@ -251,7 +252,7 @@ def migrate(db: SqlDatabase, component: str, steps: Sequence[Sequence[str]]) -> 
             # One instance migrates at a time; the others wait here, then find nothing to do.
             # A bounded wait: an instance stuck mid-migration must not hang the others' start.
             conn.execute("SET LOCAL lock_timeout = '60s'")
-            conn.execute("SELECT pg_advisory_xact_lock(?)", (_lock_key(SCHEMA_TABLE),))
+            conn.execute("SELECT pg_advisory_xact_lock(?)", (lock_key(SCHEMA_TABLE),))
         conn.execute(d.ddl(f"CREATE TABLE IF NOT EXISTS {SCHEMA_TABLE} ("
                            "component TEXT PRIMARY KEY, version INTEGER NOT NULL)"))
         row = conn.execute(f"SELECT version FROM {SCHEMA_TABLE} WHERE component = ?",
@@ -271,8 +272,9 @@ def migrate(db: SqlDatabase, component: str, steps: Sequence[Sequence[str]]) -> 
     return applied
 
 
-def _lock_key(name: str) -> int:
-    """A stable signed 64-bit advisory-lock key for ``name``."""
+def lock_key(name: str) -> int:
+    """A stable signed 64-bit PostgreSQL advisory-lock key for ``name``: the same in every
+    process and every release, so instances agree on which lock a name means."""
     import hashlib
 
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big",

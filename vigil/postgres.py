@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from vigil.database import POSTGRESQL, SCHEMA_TABLE, Dialect, _lock_key, redact_url, url_password
+from vigil.database import POSTGRESQL, SCHEMA_TABLE, Dialect, lock_key, redact_url, url_password
 from vigil.errors import ExtraMissingError, StoreError, StoreUnavailable
 
 try:
@@ -273,7 +273,7 @@ class PostgresDatabase:
     def _apply_schema(self, conn: PgConnection[Any], schema: Sequence[str]) -> None:
         with conn.transaction():
             # CREATE ... IF NOT EXISTS is not safe against a concurrent CREATE: serialise.
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(SCHEMA_TABLE),))
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(SCHEMA_TABLE),))
             for statement in schema:
                 conn.execute(self.dialect.ddl(statement))  # no parameters: no % processing
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import hashlib
 import logging
 import os
 import queue
@@ -51,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from vigil.clock import Clock
-from vigil.database import SqlDatabase, open_database
+from vigil.database import SqlDatabase, lock_key, open_database
 from vigil.errors import StoreError, StoreUnavailable
 
 __all__ = ["COMPONENT", "MIGRATIONS", "WHAT", "SharedEntries", "SharedEntry"]
@@ -98,13 +97,7 @@ _INSERT = ("INSERT INTO cache_entries (l1, l2_partition, body, query, vector, di
            "expires_at, origin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
 
 
-def _lock_key(name: str) -> int:
-    """A stable signed 64-bit advisory-lock key for ``name``."""
-    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big",
-                          signed=True)
-
-
-_PURGE_LOCK = _lock_key("cache_entries.purge")
+_PURGE_LOCK = lock_key("cache_entries.purge")
 
 
 def _text(value: str | None) -> str | None:

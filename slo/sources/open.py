@@ -9,6 +9,7 @@ the same in all of them.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Literal
 
@@ -17,6 +18,10 @@ from vigil.config import Config
 from vigil.errors import ConfigError, StoreError
 
 __all__ = ["embedded_semantics", "open_source", "request_log"]
+
+#: The readers ``request_log(..., shared=True)`` handed out, by database URL.
+_SHARED: dict[str, RequestLog] = {}
+_SHARED_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -62,17 +67,27 @@ def open_source(config: Config, config_file: str, *, prometheus_url: str = "",
                              lookback_s=config.engine.lookback)
 
 
-def request_log(config: Config) -> RequestLog | None:
+def request_log(config: Config, *, shared: bool = False) -> RequestLog | None:
     """The gateway's per-request records: per-endpoint SLIs, exact anomalies, cost by tier,
     e2e per 512 tokens. On the ``[gateway] database`` URL when set (a database without the
     table yet reads as no records), else the ``records_path`` file when it exists; ``None``
-    without a gateway (the engine then works from vLLM's metrics alone)."""
+    without a gateway (the engine then works from vLLM's metrics alone).
+
+    ``shared``: a long-lived process that reads often (the dashboard) gets one reader per
+    database URL for the process, thread-safe, so that it does not open a PostgreSQL pool per
+    query; a file is opened read-only per read anyway."""
     from collector.request_log import GatewayRecords
 
     target = config.gateway_database()
-    if not isinstance(target, str) and not target.exists():  # str: a URL
-        return None
-    return GatewayRecords(target)
+    if not isinstance(target, str):
+        return GatewayRecords(target) if target.exists() else None
+    if not shared:
+        return GatewayRecords(target)
+    with _SHARED_LOCK:
+        log = _SHARED.get(target)
+        if log is None:
+            log = _SHARED[target] = GatewayRecords(target)
+        return log
 
 
 def embedded_semantics(value: str) -> Literal["2", "3"]:
