@@ -28,17 +28,19 @@ A replica that leaves or restarts (``process_start_time_seconds`` changed or
 ``vllm:prefix_cache_queries_total`` went back; or back from down when it exports neither)
 starts with an empty LRU: its cache is empty.
 
-This module holds the per-replica state and the arithmetic; ``upstreams.Upstreams.pick`` runs
-the choice, ``proxy.Forwarder`` records what it sent and when the first token came.
+This module holds the per-replica state, the arithmetic and the choice itself
+(``choose_replica``, a pure function of the replicas' state); ``upstreams.Upstreams`` keeps the
+membership and the rotation and calls it, ``proxy.Forwarder`` records what it sent and when the
+first token came.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, Protocol, TypeVar
 
 from serving.gateway.prefix import CHUNK_TOKENS, PromptKey
 from slo.objectives.spec import effective_slos
@@ -57,8 +59,10 @@ __all__ = [
     "RATE_STEP",
     "UNARY_PREFILL_FACTOR",
     "UNARY_PREFILL_MAX_S",
+    "Candidate",
     "ReplicaRouting",
     "Sent",
+    "choose_replica",
     "load_bound",
     "rendezvous",
     "threshold_for",
@@ -317,3 +321,101 @@ class Sent:
         if self.added:
             self.routing.unrecord(self.added)
             self.added = ()
+
+
+class Candidate(Protocol):
+    """What the choice reads of a replica (``upstreams.Replica``)."""
+
+    name: str
+    healthy: bool
+    kv_usage: float | None
+    routing: ReplicaRouting
+
+    @property
+    def outstanding(self) -> int: ...
+
+
+C = TypeVar("C", bound=Candidate)
+#: How a replica was chosen, for the routing counters: for its cached prefix, by load in
+#: prefix-aware routing, or ``None`` (least outstanding routing, or a premium request past
+#: every replica's KV limit).
+How = Literal["prefix", "load"] | None
+
+
+def choose_replica(
+    replicas: Sequence[C],
+    start: int,
+    *,
+    has_room: Callable[[C], bool],
+    exclude: C | None = None,
+    beyond_kv_limit: bool = False,
+    prompt: PromptKey | None = None,
+    ttft_objective_s: float | None = None,
+) -> tuple[C | None, How]:
+    """The replica a new request goes to, and how it was chosen; ``(None, None)`` when none
+    can take it. Pure: it reads the replicas' state and changes nothing.
+
+    ``replicas`` in the pool's order, tried from index ``start`` on (the caller rotates it per
+    request, so that equal replicas take turns); ``has_room``: healthy with KV-cache room.
+    Without ``prompt`` (least outstanding routing), the fewest requests in flight among those
+    with room, the first in rotation order on a tie. With a ``prompt`` (prefix-aware routing),
+    the rule of the module docs, the TTFT SLO being ``ttft_objective_s`` (seconds; None: no
+    SLO). Either way, with ``beyond_kv_limit`` (premium) and no replica with room, the healthy
+    one with the least KV usage."""
+    n = len(replicas)
+    if not n:
+        return None, None
+    ordered = [replicas[(start + i) % n] for i in range(n)]
+    room = [r for r in ordered if r is not exclude and has_room(r)]
+    if not room:
+        if beyond_kv_limit:
+            healthy = [r for r in replicas if r.healthy and r is not exclude]
+            if healthy:
+                return min(healthy, key=lambda r: (r.kv_usage or 0.0, r.outstanding)), None
+        return None, None
+    if prompt is None:
+        best = room[0]
+        for r in room[1:]:
+            if r.outstanding < best.outstanding:
+                best = r
+        return best, None
+    return _by_prefix(room, prompt, ttft_objective_s)
+
+
+def _by_prefix(room: Sequence[C], prompt: PromptKey,
+               ttft_objective_s: float | None) -> tuple[C, How]:
+    """``choose_replica`` for a prompt among ``room`` (in rotation order)."""
+    loads = [r.outstanding for r in room]
+    bound = load_bound(loads)
+    candidates: list[tuple[C, int]] = []
+    best: C | None = None
+    best_matched = 0
+    for r in room:  # in rotation order: full ties keep the first
+        if r.outstanding > bound:
+            continue
+        matched = useful_match(prompt, r.routing.matched(prompt.hashes))
+        candidates.append((r, matched))
+        if matched > best_matched or (matched and matched == best_matched and best
+                                      is not None and r.outstanding < best.outstanding):
+            best, best_matched = r, matched
+    if best is None:
+        # Fewest in flight, then least prefill waiting (a random pick among replicas
+        # equal in flight would put new prefills behind others' more often than the
+        # rotation does: p90 TTFT about 10 % worse on unshared prompts), then rendezvous.
+        fewest = min(loads)
+        ties = [r for r in room if r.outstanding == fewest]
+        if len(ties) > 1:
+            least_pending = min(r.routing.pending_tokens for r in ties)
+            ties = [r for r in ties if r.routing.pending_tokens == least_pending]
+        chosen = ties[0] if len(ties) == 1 else \
+            max(ties, key=lambda r: rendezvous(prompt.anchor, r.name))
+        return chosen, "load"
+    if ttft_objective_s is not None and best.routing.predicted_ttft(
+            uncached_tokens(prompt, best_matched)) > ttft_objective_s:
+        # Past the SLO even with its prefix: wherever the first token comes soonest.
+        fastest_s = float("inf")
+        for r, matched in candidates:
+            t = r.routing.predicted_ttft(uncached_tokens(prompt, matched))
+            if t < fastest_s or (t == fastest_s and r.outstanding < best.outstanding):
+                best, best_matched, fastest_s = r, matched, t
+    return best, "prefix" if best_matched else "load"

@@ -53,12 +53,10 @@ from serving.gateway.prefix import PromptKey, prompt_key
 from serving.gateway.routing import (
     ReplicaRouting,
     Sent,
-    load_bound,
-    rendezvous,
+    choose_replica,
     threshold_for,
     ttft_thresholds,
     uncached_tokens,
-    useful_match,
 )
 from serving.gateway.types import PoolLoad
 from serving.gateway.upstream_http import ReplicaConnections
@@ -516,96 +514,30 @@ class Upstreams:
     def pick(self, pool: str, *, beyond_kv_limit: bool = False,
              exclude: Replica | None = None, prompt: PromptKey | None = None
              ) -> Replica | None:
-        """The replica a new request of ``pool`` goes to, or None.
+        """The replica a new request of ``pool`` goes to, or None (``routing.choose_replica``).
 
         Least outstanding among healthy replicas with KV room; with ``beyond_kv_limit``
         (premium), the healthy replica with the least KV usage when none has room. With
         prefix-aware routing and a ``prompt``, the replica holding most of it, within the
         load bound and the TTFT SLO (``routing`` says what happens past it); least
         outstanding when none holds enough of it, ties placed by rendezvous on the prompt.
+        Each call moves the pool's rotation on by one.
         """
-        if prompt is not None and self.prefix_aware:
-            return self._pick_prefix(pool, prompt, beyond_kv_limit, exclude)
         replicas = self.pools.get(pool, [])
-        n = len(replicas)
-        if not n:
+        if not replicas:
             return None
-        start = self._rotation[pool] = (self._rotation[pool] + 1) % n
-        best: Replica | None = None
-        for i in range(n):
-            r = replicas[(start + i) % n]
-            if r is exclude or not self._has_room(r):
-                continue
-            if best is None or r.outstanding < best.outstanding:
-                best = r
-        if best is None and beyond_kv_limit:
-            healthy = [r for r in replicas if r.healthy and r is not exclude]
-            if healthy:
-                best = min(healthy, key=lambda r: (r.kv_usage or 0.0, r.outstanding))
-        return best
-
-    def _pick_prefix(self, pool: str, prompt: PromptKey, beyond_kv_limit: bool,
-                     exclude: Replica | None) -> Replica | None:
-        """``pick`` for a prompt (``routing`` gives the rule): among the replicas with room
-        within the load bound, the one holding the longest useful run of it if its predicted
-        TTFT meets the SLO, else the one predicted fastest; none holding it, the fewest in
-        flight, ties by rendezvous on the prompt's anchor."""
-        replicas = self.pools.get(pool, [])
-        n = len(replicas)
-        if not n:
-            return None
-        start = self._rotation[pool] = (self._rotation[pool] + 1) % n
-        room: list[Replica] = []
-        for i in range(n):
-            r = replicas[(start + i) % n]
-            if r is not exclude and self._has_room(r):
-                room.append(r)
-        if not room:
-            if beyond_kv_limit:
-                healthy = [r for r in replicas if r.healthy and r is not exclude]
-                if healthy:
-                    return min(healthy, key=lambda r: (r.kv_usage or 0.0, r.outstanding))
-            return None
-        loads = [r.outstanding for r in room]
-        bound = load_bound(loads)
-        candidates: list[tuple[Replica, int]] = []
-        best: Replica | None = None
-        best_matched = 0
-        for r in room:  # in rotation order: full ties keep the first
-            if r.outstanding > bound:
-                continue
-            matched = useful_match(prompt, r.routing.matched(prompt.hashes))
-            candidates.append((r, matched))
-            if matched > best_matched or (matched and matched == best_matched and best
-                                          is not None and r.outstanding < best.outstanding):
-                best, best_matched = r, matched
-        if best is None:
-            # Fewest in flight, then least prefill waiting (a random pick among replicas
-            # equal in flight would put new prefills behind others' more often than the
-            # rotation does: p90 TTFT about 10 % worse on unshared prompts), then rendezvous.
-            fewest = min(loads)
-            ties = [r for r in room if r.outstanding == fewest]
-            if len(ties) > 1:
-                least_pending = min(r.routing.pending_tokens for r in ties)
-                ties = [r for r in ties if r.routing.pending_tokens == least_pending]
-            chosen = ties[0] if len(ties) == 1 else \
-                max(ties, key=lambda r: rendezvous(prompt.anchor, r.name))
+        start = self._rotation[pool] = (self._rotation[pool] + 1) % len(replicas)
+        by_prefix = prompt is not None and self.prefix_aware
+        chosen, how = choose_replica(
+            replicas, start, has_room=self._has_room, exclude=exclude,
+            beyond_kv_limit=beyond_kv_limit, prompt=prompt if by_prefix else None,
+            ttft_objective_s=(threshold_for(self._ttft, pool, prompt.endpoint)
+                              if by_prefix and prompt is not None else None))
+        if chosen is not None and how == "prefix":
+            chosen.routing.prefix_routed += 1
+        elif chosen is not None and how == "load":
             chosen.routing.load_routed += 1
-            return chosen
-        objective = threshold_for(self._ttft, pool, prompt.endpoint)
-        if objective is not None and best.routing.predicted_ttft(
-                uncached_tokens(prompt, best_matched)) > objective:
-            # Past the SLO even with its prefix: wherever the first token comes soonest.
-            fastest_s = float("inf")
-            for r, matched in candidates:
-                t = r.routing.predicted_ttft(uncached_tokens(prompt, matched))
-                if t < fastest_s or (t == fastest_s and r.outstanding < best.outstanding):
-                    best, best_matched, fastest_s = r, matched, t
-        if best_matched:
-            best.routing.prefix_routed += 1
-        else:
-            best.routing.load_routed += 1
-        return best
+        return chosen
 
     def prompt_of(self, endpoint: str, body: Mapping[str, Any]) -> PromptKey | None:
         """The prompt of a request to route by (``prefix.prompt_key``); None when routing
