@@ -1,0 +1,196 @@
+"""Reading a config file: TOML, renamed keys, validation and the checks across sections,
+with errors that name the file and the dotted key."""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+import warnings
+from pathlib import Path
+from typing import Any
+
+from pydantic import (
+    ValidationError,
+)
+
+from vigil.config.renamed import RENAMED_KEYS
+from vigil.config.root import Config
+from vigil.conventions import TARGET_KINDS
+from vigil.errors import ConfigError
+
+_log = logging.getLogger("vigil.config")
+
+
+def _moved_key(key: str, data: dict[str, Any]) -> str:
+    """An error's dotted ``key`` as the file spelt it: the old name of a renamed key."""
+    for (old_section, old_key), (new_section, new_key) in RENAMED_KEYS.items():
+        new = f"{new_section}.{new_key}"
+        old_table = data.get(old_section)
+        if (key == new or key.startswith(new + ".")) and isinstance(old_table, dict) \
+                and old_key in old_table:
+            return f"{old_section}.{old_key}" + key[len(new):]
+    return key
+
+
+Problem = tuple[str, str]  # (dotted key, message)
+
+
+def _duplicate(names: list[str], i: int, key: str, what: str) -> list[Problem]:
+    """A problem at ``key`` when entry ``i``'s name, ``names[i]``, an earlier entry has."""
+    if names.index(names[i]) == i:
+        return []
+    return [(key, f"duplicate {what}" if what.endswith("hash") else
+             f"duplicate {what} {names[i]!r}")]
+
+
+def _unknown_pool(name: str, key: str, pool_names: list[str]) -> list[Problem]:
+    """A problem at ``key`` when ``name`` is no configured pool."""
+    if name in pool_names:
+        return []
+    known = ", ".join(repr(n) for n in pool_names) or "none defined"
+    return [(key, f"pool {name!r} does not exist (pools: {known})")]
+
+
+def _check_references(cfg: Config) -> list[Problem]:
+    """Cross-field checks pydantic cannot express: (dotted key, message) pairs, in the order
+    of the file's sections."""
+    problems: list[Problem] = []
+    pool_names = [p.name for p in cfg.pools]
+    for i, p in enumerate(cfg.pools):
+        problems += _duplicate(pool_names, i, f"pools[{i}].name", "pool name")
+        if p.gpu not in cfg.prices:
+            known = ", ".join(sorted(cfg.prices))
+            problems.append(
+                (f"pools[{i}].gpu", f"no price for GPU {p.gpu!r}: add it to [prices] "
+                 f"(known: {known})")
+            )
+    slo_names = [x.name for x in cfg.slos]
+    for i, slo in enumerate(cfg.slos):
+        problems += _duplicate(slo_names, i, f"slos[{i}].name", "SLO name")
+        problems += _unknown_pool(slo.pool, f"slos[{i}].pool", pool_names)
+        latency = slo.indicator in ("ttft", "e2e")
+        if slo.threshold_seconds is not None and not latency:
+            problems.append((f"slos[{i}].threshold_seconds",
+                             f"only latency indicators (ttft, e2e) take a threshold, "
+                             f"not {slo.indicator!r}"))
+    key_hashes = [k.sha256 for k in cfg.gateway.api_keys]
+    for i in range(len(key_hashes)):
+        problems += _duplicate(key_hashes, i, f"gateway.api_keys[{i}].sha256", "API key hash")
+    for i, name in enumerate(cfg.gateway.cache.pools):
+        problems += _unknown_pool(name, f"gateway.cache.pools[{i}]", pool_names)
+    route_names = [r.name for r in cfg.alerts.routes]
+    for i in range(len(route_names)):
+        problems += _duplicate(route_names, i, f"alerts.routes[{i}].name", "route name")
+    target_names = [t.name for t in cfg.targets]
+    for i, t in enumerate(cfg.targets):
+        problems += _duplicate(target_names, i, f"targets[{i}].name", "target name")
+        problems += _unknown_pool(t.pool, f"targets[{i}].pool", pool_names)
+        if t.kind not in TARGET_KINDS:  # pragma: no cover - Literal already enforces it
+            problems.append((f"targets[{i}].kind", f"unknown kind {t.kind!r}"))
+        for field in ("scrape_interval", "scrape_timeout"):
+            v = getattr(t, field)
+            if v is not None and v <= 0:
+                problems.append((f"targets[{i}].{field}", "must be more than 0 seconds"))
+        # As Prometheus: an inherited timeout is capped to the interval, an explicit one that
+        # exceeds it is an error.
+        if t.scrape_timeout is not None and t.scrape_timeout > cfg.scrape_interval(t):
+            problems.append((f"targets[{i}].scrape_timeout",
+                             f"{t.scrape_timeout:g}s is more than the target's scrape "
+                             f"interval ({cfg.scrape_interval(t):g}s)"))
+    discovery_names = [d.name for d in cfg.discovery]
+    for i, d in enumerate(cfg.discovery):
+        problems += _duplicate(discovery_names, i, f"discovery[{i}].name", "discovery name")
+        if d.pool:
+            problems += _unknown_pool(d.pool, f"discovery[{i}].pool", pool_names)
+        if d.scrape_timeout is not None and d.scrape_timeout > (
+                d.scrape_interval or cfg.collector.scrape_interval):
+            problems.append((f"discovery[{i}].scrape_timeout",
+                             "is more than the targets' scrape interval"))
+    return problems
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    """pydantic's error location as a dotted TOML key path: ``targets[2].pool``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("function-after", "function-before") or str(part).startswith(
+            ("function-", "literal[")
+        ):
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def parse_config(data: dict[str, Any], *, file: str = "<config>") -> Config:
+    """Validate a parsed TOML document; raise ``ConfigError`` naming the file and key."""
+    data = dict(data)
+    if "source" in data:
+        raise ConfigError("unknown key", file=file, key="source")
+    try:
+        cfg = Config.model_validate({**data, "source": file if file != "<config>" else ""})
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = _moved_key(_loc(err["loc"]), data)
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key (check the spelling; see vigil.example.toml)"
+            else:
+                msg = err["msg"]
+                if msg.startswith("Value error, "):
+                    msg = msg[len("Value error, "):]
+                if "input" in err and err["type"] != "missing" and repr(err["input"]) not in msg:
+                    msg += f" (got {err['input']!r})"
+            problems.append((key, msg))
+        raise _many(problems, file) from None
+    problems = _check_references(cfg)
+    if problems:
+        raise _many(problems, file)
+    _warn_availability_changed(cfg, file)
+    return cfg
+
+
+def _warn_availability_changed(cfg: Config, file: str) -> None:
+    """A ``DeprecationWarning`` (also logged) per SLO that names ``availability``: its meaning
+    changed from scrapes to requests, and ``replica_up`` is the old figure."""
+    for i, slo in enumerate(cfg.slos):
+        if slo.indicator != "availability":
+            continue
+        message = (f"{file}: slos[{i}] ({slo.name!r}): indicator \"availability\" now measures "
+                   "requests (the share answered without a server error: 5xx, refused or reset "
+                   "connections, timeouts), no longer scrapes; for the share of scrape time the "
+                   "replicas were up (the old figure) use indicator = \"replica_up\"")
+        _log.warning("%s", message)
+        warnings.warn(message, DeprecationWarning, stacklevel=3)
+
+
+def _many(problems: list[tuple[str, str]], file: str) -> ConfigError:
+    key, msg = problems[0]
+    if len(problems) > 1:
+        more = "; ".join(f"{k}: {m}" for k, m in problems[1:])
+        msg = f"{msg} (and {len(problems) - 1} more: {more})"
+    return ConfigError(msg, file=file, key=key)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a TOML config file.
+
+    Raises ``ConfigError`` (exit code 2) for a missing file, bad TOML, unknown keys, wrong
+    types or broken references, naming the file and the key.
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError("file not found", file=str(p)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", file=str(p)) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text ({exc.reason})", file=str(p)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML: {exc}", file=str(p)) from None
+    return parse_config(data, file=str(p))
