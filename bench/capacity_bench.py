@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from serving.loadgen.probe import run_probe  # noqa: E402
-from serving.sim.profiles import Profile  # noqa: E402
 from slo.planning.capacity_search import search  # noqa: E402
+from slo.planning.replica.profiles import Profile  # noqa: E402
 from vigil.capacity import Probe, SloTarget  # noqa: E402
 from vigil.config import CapacityConfig  # noqa: E402
 
@@ -59,7 +59,7 @@ CASES = {"fast": _profile("fast", 0.025, 0.0036), "wide": _profile("wide", 0.015
 
 _CHILD = """
 import json, sys
-from serving.sim.profiles import Profile
+from slo.planning.replica.profiles import Profile
 from serving.sim.testing import running_fleet
 with running_fleet(1, profile=Profile(**json.loads(sys.argv[1])), port=int(sys.argv[2])):
     print("ready", flush=True)

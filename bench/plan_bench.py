@@ -6,7 +6,7 @@ Run: ``.venv/bin/python bench/plan_bench.py [--profile small] [--low 4] [--peak 
 
 1. Finds μ, the capacity of one simulated replica at the pool's default latency SLOs (TTFT
    0.8 s and e2e 8 s, 95 % each): the highest per-replica Poisson rate whose simulated level
-   meets both (``serving.sim.policy_replay.level_capacity``).
+   meets both (``slo.planning.policy_replay.level_capacity``).
 2. Replays a day whose arrival rate follows a cosine from ``--low`` requests/s at midnight to
    ``--peak`` at noon through both policies (``replay_policies``: 15 s ticks, 3 min spin-up,
    the ``[scaling]`` defaults), and computes the lower bound ``ceil(λ/μ)`` per 15-minute step
@@ -27,14 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from serving.sim.policy_replay import (
+from slo.planning.policy_replay import (
     LevelBook,
     level_capacity,
     lower_bound_gpu_hours,
     pool_slo_targets,
     replay_policies,
 )
-from serving.sim.profiles import get_profile
+from slo.planning.replica.profiles import get_profile
 from vigil.config import parse_config
 
 #: Capacity-sized GPU-hours over the lower bound, at most.

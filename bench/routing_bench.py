@@ -78,9 +78,9 @@ from bench.processes import (  # noqa: E402
 from serving.loadgen.client import send_one  # noqa: E402
 from serving.loadgen.report import RequestResult  # noqa: E402
 from serving.loadgen.workload import PlannedRequest  # noqa: E402
-from serving.sim.profiles import Profile  # noqa: E402
 from serving.sim.testing import sample_values, total  # noqa: E402
-from serving.sim.text import CHARS_PER_TOKEN  # noqa: E402
+from slo.planning.replica.profiles import Profile  # noqa: E402
+from slo.planning.replica.text import CHARS_PER_TOKEN  # noqa: E402
 
 MODEL = "bench-model"
 KEY = "sk-routing-bench"
@@ -229,7 +229,7 @@ def prefill_capacity(arrivals: list[Arrival], replicas: int, profile: Profile) -
 
 _FLEET = """
 import json, sys
-from serving.sim.profiles import Profile
+from slo.planning.replica.profiles import Profile
 from serving.sim.testing import running_fleet
 spec = json.loads(sys.argv[1])
 with running_fleet(spec["replicas"], profile=Profile(**spec["profile"]),

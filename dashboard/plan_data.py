@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from dashboard.empty_states import no_up
 from slo.cost.waste import WasteResult, waste
+from slo.planning import estimate as capacity_estimate
 from slo.planning.candidates import gather_candidates
 from slo.planning.forecast import SECONDS_PER_DAY, TrafficForecast, forecast_from_history
 from slo.planning.plan import CandidatePlan, PlanResult, current_identity, plan
@@ -105,8 +106,6 @@ def _profiles(config: Config, config_path: str, pool: PoolConfig, source: Source
               at_s: float, days: int) -> tuple[list[CapacityProfile], list[str], str | None]:
     """``(candidates, notes, empty-state note)``: the very candidates ``vigil plan`` compares
     (``slo.planning.candidates``: saved, observed over the ``days`` read, estimated)."""
-    from serving.sim import capacity_estimate
-
     path = config.capacity_profiles_path()
     try:
         profiles, notes = gather_candidates(config, pool, source=source, at_s=at_s,

@@ -26,8 +26,8 @@ import pytest
 from support.loopback import free_port
 
 from serving.loadgen.probe import run_probe
-from serving.sim.profiles import Profile
 from slo.planning.profile_store import ProfileStore
+from slo.planning.replica.profiles import Profile
 from vigil.capacity import CapacityProfile, Probe, SloTarget
 from vigil.config import CapacityConfig, load_config
 from vigil_shell import capacity_cli
@@ -87,7 +87,7 @@ max_concurrency = 64
 
 _CHILD = """
 import json, sys
-from serving.sim.profiles import Profile
+from slo.planning.replica.profiles import Profile
 from serving.sim.testing import running_fleet
 with running_fleet(1, profile=Profile(**json.loads(sys.argv[1])), port=int(sys.argv[2])):
     print("ready", flush=True)

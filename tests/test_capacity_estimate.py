@@ -15,16 +15,16 @@ import time
 
 import pytest
 
-from serving.sim.capacity_estimate import (
+from slo.planning.estimate import (
     RANGE_RATIO,
     calibration_for,
     estimated_capacity,
     known_calibrations,
 )
-from serving.sim.engine import Engine, EngineConfig
-from serving.sim.profiles import DEFAULT_MODEL, PROFILES
-from serving.sim.text import Prompt
-from serving.sim.virtual import Arrival, run_virtual
+from slo.planning.replica.engine import Engine, EngineConfig
+from slo.planning.replica.profiles import DEFAULT_MODEL, PROFILES
+from slo.planning.replica.text import Prompt
+from slo.planning.replica.virtual import Arrival, run_virtual
 from vigil.capacity import ProfileIdentity, SloTarget
 from vigil.config import CapacityConfig
 from vigil.errors import ConfigError

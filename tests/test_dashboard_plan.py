@@ -21,8 +21,8 @@ from support.fleet import MODEL
 from collector.store import Store
 from dashboard import format as fmt
 from dashboard.plan_data import aligned_range, badge, curve_rows, plan_page, waste_rows
-from serving.sim import capacity_estimate
 from slo.cost.waste import WasteResult, waste
+from slo.planning import estimate as capacity_estimate
 from slo.planning.candidates import gather_candidates
 from slo.planning.forecast import forecast_from_history
 from slo.planning.plan import PlanResult, plan

@@ -19,8 +19,8 @@ from support.gateway import (
 )
 
 from collector.exposition import parse
-from serving.sim.profiles import get_profile
 from serving.sim.testing import FleetHandle, running_fleet, sample_values, total
+from slo.planning.replica.profiles import get_profile
 
 CHAT = "/v1/chat/completions"
 #: Prefill of 400 prompt tokens/s: a 1,600-token prompt spends 4 s before its first token.

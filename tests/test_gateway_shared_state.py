@@ -34,8 +34,8 @@ from support.postgres import PostgresServer, postgres_server, postgres_url  # no
 from support.shared_gateways import GatewayProcess, running_gateways, write_config
 
 from collector.request_log import GatewayRecord, GatewayRecords
-from serving.sim.profiles import SMALL
 from serving.sim.testing import FleetHandle, running_fleet, sample_values, total
+from slo.planning.replica.profiles import SMALL
 from slo.sources.protocol import RequestLog
 from vigil.conventions import METRIC_GW_RECORDS_BUFFERED
 from vigil.database import SqlDatabase, open_database

@@ -10,7 +10,8 @@ import math
 
 import pytest
 
-from serving.sim.policy_replay import (
+from slo.cost.waste import lower_bound_replicas
+from slo.planning.policy_replay import (
     LevelBook,
     level_capacity,
     lower_bound_gpu_hours,
@@ -18,8 +19,7 @@ from serving.sim.policy_replay import (
     rate_function,
     replay_policies,
 )
-from serving.sim.profiles import get_profile
-from slo.cost.waste import lower_bound_replicas
+from slo.planning.replica.profiles import get_profile
 from vigil.config import Config, parse_config
 
 UP_AT, DOWN_AT, END = 1800.0, 5400.0, 9000.0

@@ -22,9 +22,9 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector.store import Store
-from serving.sim.profiles import DEFAULT_MODEL
 from serving.sim.testing import FleetHandle, free_port_block, running_fleet
 from slo.planning.replay import decision_counts, replay_decisions, replay_times
+from slo.planning.replica.profiles import DEFAULT_MODEL
 from slo.sources.embedded import EmbeddedSource
 from slo.sources.open import embedded_semantics
 from vigil.config import Config, parse_config

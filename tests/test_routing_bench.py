@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from serving.sim.text import encode_text, render_chat
+from slo.planning.replica.text import encode_text, render_chat
 
 _PATH = Path(__file__).resolve().parent.parent / "bench" / "routing_bench.py"
 

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from serving.sim.profiles import get_profile
 from serving.sim.testing import FleetHandle, running_fleet, sample_values, total
-from serving.sim.text import encode_text, natural_output_len, render_chat
+from slo.planning.replica.profiles import get_profile
+from slo.planning.replica.text import encode_text, natural_output_len, render_chat
 from vigil_shell.sim_cli import add_arguments, spec_from_args
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -9,12 +9,12 @@ import statistics
 
 import pytest
 
-from serving.sim.engine import Engine, EngineConfig, SpecDecodeConfig
-from serving.sim.kv_cache import BlockPool
-from serving.sim.profiles import PROFILES, Profile, get_profile
-from serving.sim.request import EngineRequest
-from serving.sim.text import count_tokens, encode_ids, encode_text, natural_output_len
-from serving.sim.virtual import Arrival, VirtualRun, poisson_arrivals, run_virtual
+from slo.planning.replica.engine import Engine, EngineConfig, SpecDecodeConfig
+from slo.planning.replica.kv_cache import BlockPool
+from slo.planning.replica.profiles import PROFILES, Profile, get_profile
+from slo.planning.replica.request import EngineRequest
+from slo.planning.replica.text import count_tokens, encode_ids, encode_text, natural_output_len
+from slo.planning.replica.virtual import Arrival, VirtualRun, poisson_arrivals, run_virtual
 from vigil.errors import ConfigError
 
 SMALL = get_profile("small")

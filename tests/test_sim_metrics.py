@@ -15,8 +15,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving.sim.dcgm import GpuActivity
-from serving.sim.profiles import Profile, get_profile
 from serving.sim.testing import invariant_violations, running_fleet, sample_values, total
+from slo.planning.replica.profiles import Profile, get_profile
 from vigil.clock import ManualClock
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

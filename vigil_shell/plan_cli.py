@@ -144,7 +144,7 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
             traffic = constant_traffic(args.rate, step_s=config.capacity.plan_step)
         estimator = None
         if not args.no_estimates:
-            from serving.sim import capacity_estimate as estimator
+            from slo.planning import estimate as estimator
         candidates, notes = gather_candidates(
             config, pool, source=source, at_s=at, span_s=span, estimator=estimator)
         levers: Levers | None = None

@@ -1,4 +1,4 @@
-"""``vigil sim`` (and ``python -m serving.sim``): run a simulated vLLM fleet.
+"""``vigil sim``: run a simulated vLLM fleet.
 
 ``vigil_shell/cli.py`` wires it as::
 
@@ -13,17 +13,14 @@ The replicas stand in for ``vllm serve``, so their options keep vLLM's spelling 
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from serving.sim.profiles import DEFAULT_MODEL, PROFILES
-from vigil.errors import VigilError
+from slo.planning.replica.profiles import DEFAULT_MODEL, PROFILES
 
 if TYPE_CHECKING:
     from serving.sim.server import FleetSpec
 
-__all__ = ["add_arguments", "main", "run", "spec_from_args"]
+__all__ = ["add_arguments", "run", "spec_from_args"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,20 +95,3 @@ def run(args: argparse.Namespace) -> int:
     build_replicas(spec)  # fail fast on a bad profile before binding ports
     asyncio.run(serve_fleet(spec, log_level=getattr(args, "uvicorn_log_level", "warning")))
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry point (``python -m serving.sim``)."""
-    parser = argparse.ArgumentParser(prog="python -m serving.sim",
-                                     description="Run simulated vLLM replicas.")
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except VigilError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

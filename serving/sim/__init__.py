@@ -20,7 +20,7 @@ Modules, one job each:
 - ``testing``    ``running_fleet(...)``: a fleet on free ports for tests
 """
 
-from serving.sim.engine import Engine, EngineConfig, SpecDecodeConfig
-from serving.sim.profiles import PROFILES, Profile, get_profile
+from slo.planning.replica.engine import Engine, EngineConfig, SpecDecodeConfig
+from slo.planning.replica.profiles import PROFILES, Profile, get_profile
 
 __all__ = ["PROFILES", "Engine", "EngineConfig", "Profile", "SpecDecodeConfig", "get_profile"]

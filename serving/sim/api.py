@@ -44,7 +44,7 @@ from serving.sim.protocol import (
     usage,
 )
 from serving.sim.runner import EngineRunner, EngineStopped, RequestHandle
-from serving.sim.text import Prompt, encode_ids, encode_text, generated_text, render_chat
+from slo.planning.replica.text import Prompt, encode_ids, encode_text, generated_text, render_chat
 from vigil.conventions import SIM_DCGM_PATH
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from serving.sim.profiles import Profile
+from slo.planning.replica.profiles import Profile
 from vigil.clock import Clock, system_clock
 
 __all__ = ["GpuActivity", "GpuSnapshot", "render_dcgm"]

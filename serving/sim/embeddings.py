@@ -19,7 +19,7 @@ import struct
 from typing import Any
 
 from serving.sim.protocol import ApiError, random_id, usage
-from serving.sim.text import count_tokens
+from slo.planning.replica.text import count_tokens
 
 __all__ = ["EMBEDDING_DIMENSIONS", "embedding_response"]
 

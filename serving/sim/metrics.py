@@ -35,9 +35,9 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from serving.sim.engine import EngineGauges, SpecDecodeConfig
-from serving.sim.profiles import Profile
-from serving.sim.request import EngineRequest
+from slo.planning.replica.engine import EngineGauges, SpecDecodeConfig
+from slo.planning.replica.profiles import Profile
+from slo.planning.replica.request import EngineRequest
 from vigil.conventions import (
     VLLM_BUCKET_FAMILY_REQUEST_LATENCY,
     VLLM_BUCKET_FAMILY_TTFT,
@@ -161,7 +161,7 @@ def cache_config_labels(profile: Profile, *, enable_prefix_caching: bool = True)
 class VllmMetrics:
     """The ``vllm:*`` families of one engine, recording what the engine observes.
 
-    Implements ``serving.sim.engine.EngineObserver``. ``registry`` is the replica's own.
+    Implements ``slo.planning.replica.engine.EngineObserver``. ``registry`` is the replica's own.
     ``spec_decode`` adds the ``vllm:spec_decode_*`` families; ``max_loras`` (LoRA enabled) adds
     ``vllm:lora_requests_info``.
     """

@@ -15,12 +15,12 @@ from prometheus_client import CollectorRegistry
 
 from serving.sim.api import create_app
 from serving.sim.dcgm import GpuActivity
-from serving.sim.engine import Engine, EngineConfig, StepPlan
 from serving.sim.http_metrics import HttpMetrics
 from serving.sim.metrics import VllmMetrics, new_replica_registry
-from serving.sim.profiles import Profile
 from serving.sim.protocol import ApiError
 from serving.sim.runner import EngineRunner
+from slo.planning.replica.engine import Engine, EngineConfig, StepPlan
+from slo.planning.replica.profiles import Profile
 from vigil.clock import Clock, system_clock
 from vigil.conventions import SIM_DCGM_PATH
 

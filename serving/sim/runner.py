@@ -15,9 +15,9 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from serving.sim.engine import Engine, StepPlan
-from serving.sim.request import EngineRequest, FinishReason
-from serving.sim.text import Prompt
+from slo.planning.replica.engine import Engine, StepPlan
+from slo.planning.replica.request import EngineRequest, FinishReason
+from slo.planning.replica.text import Prompt
 from vigil.clock import Clock, system_clock
 
 __all__ = ["Delta", "EngineRunner", "EngineStopped", "RequestHandle"]

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from serving.sim.engine import EngineConfig, SpecDecodeConfig
-from serving.sim.profiles import DEFAULT_MODEL, Profile, get_profile
-from serving.sim.queues import SchedulingPolicy
 from serving.sim.replica import ReplicaConfig, SimReplica
+from slo.planning.replica.engine import EngineConfig, SpecDecodeConfig
+from slo.planning.replica.profiles import DEFAULT_MODEL, Profile, get_profile
+from slo.planning.replica.queues import SchedulingPolicy
 from vigil.conventions import VLLM_BUCKET_FAMILY_REQUEST_LATENCY, VLLM_BUCKET_FAMILY_TTFT
 from vigil.errors import ConfigError
 

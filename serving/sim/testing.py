@@ -2,7 +2,7 @@
 
 By default the fleet runs in a background thread with its own event loop, in the test's
 process, so a test can reach into the replicas (``fleet.replicas[0].engine``) and restart them
-(``fleet.restart(0)``). With ``subprocess=True`` it runs ``python -m serving.sim`` in a child
+(``fleet.restart(0)``). With ``subprocess=True`` it runs ``vigil sim`` in a child
 process instead (closer to production, and its CPU use can be measured separately); then only
 the URLs are available.
 """
@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.sim.profiles import Profile
 from serving.sim.replica import SimReplica
 from serving.sim.server import Fleet, FleetSpec, build_replicas
+from slo.planning.replica.profiles import Profile
 from vigil.conventions import SIM_DCGM_PATH
 
 __all__ = [
@@ -219,7 +219,8 @@ def _thread_fleet(spec: FleetSpec, startup_timeout: float) -> Iterator[FleetHand
 def _subprocess_fleet(spec: FleetSpec, startup_timeout: float) -> Iterator[FleetHandle]:
     if not isinstance(spec.profile, str):
         raise ValueError("a subprocess fleet needs a profile name, not a Profile object")
-    args = [sys.executable, "-m", "serving.sim", "--replicas", str(spec.replicas),
+    # The `vigil sim` command, run as a child process.
+    args = [sys.executable, "-m", "vigil_shell.cli", "sim", "--replicas", str(spec.replicas),
             "--port", str(spec.port), "--host", spec.host, "--model", spec.model,
             "--profile", spec.profile, "--scheduling-policy", spec.scheduling_policy,
             "--seed", str(spec.seed), "--spec-decode", str(spec.spec_decode),

@@ -9,9 +9,9 @@ latency SLOs now is kept first (``slo.planning.plan.slo_gaps``: a measured profi
 must not hide an estimate that meets today's), then the best basis (measured > observed >
 estimated), then the one saved for the pool, then the newest.
 
-The estimates come from the simulator (``serving.sim.capacity_estimate``), which imports the
-engine: it is passed in as ``estimator`` rather than imported here, so the engine does not
-depend on the simulator.
+The estimates come from the replica model (``slo.planning.estimate``, a capacity search on
+``slo.planning.replica``, the calibrated engine the simulator serves too). It is passed in as
+``estimator``, so that ``vigil plan --no-estimates`` leaves it out and a test can give its own.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ __all__ = ["Estimator", "estimates", "gather_candidates", "same_model"]
 
 
 class Estimator(Protocol):
-    """What estimates a capacity without a benchmark (``serving.sim.capacity_estimate``)."""
+    """What estimates a capacity without a benchmark (``slo.planning.estimate``)."""
 
     def known_calibrations(self) -> list[tuple[str, str]]:
         """``(model, gpu)`` pairs the estimator has a calibration of."""

@@ -9,7 +9,7 @@ serve evaluated at gives serve's decisions, and a replay with another ``[scaling
 says what that table would have decided on the same history.
 
 The replay is the recommendation, not its consequence: the replicas in the history are the ones
-that ran, whatever was recommended (``serving.sim.policy_replay`` replays a policy that acts).
+that ran, whatever was recommended (``slo.planning.policy_replay`` replays a policy that acts).
 
 Units: Unix seconds.
 """

@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse
 
 from serving.gateway.batch import BatchQueue, BatchRequest
 from serving.gateway.types import TIER_PRIORITY, Caller, PoolLoad
-from serving.sim.profiles import DEFAULT_MODEL
+from slo.planning.replica.profiles import DEFAULT_MODEL
 from vigil.config import BatchConfig
 
 T = TypeVar("T")

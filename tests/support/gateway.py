@@ -29,7 +29,7 @@ from serving.gateway.app import create_app
 from serving.gateway.auth import key_sha256
 from serving.gateway.pipeline import Gateway
 from serving.gateway.server_http import protocol
-from serving.sim.profiles import DEFAULT_MODEL
+from slo.planning.replica.profiles import DEFAULT_MODEL
 from support.loopback import free_port
 from vigil.config import Config, parse_config
 from vigil_shell.gateway_cli import server_choices

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Literal
 
-from serving.sim.text import Prompt
+from slo.planning.replica.text import Prompt
 
 __all__ = ["EngineRequest", "FinishReason", "RequestStatus"]
 

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Literal
 
-from serving.sim.request import EngineRequest, RequestStatus
+from slo.planning.replica.request import EngineRequest, RequestStatus
 
 __all__ = ["SchedulingPolicy", "WaitingQueue"]
 

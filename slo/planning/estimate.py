@@ -3,16 +3,16 @@
 ``estimated_capacity`` runs the capacity search (``slo.planning.capacity_search.search_sync``: 1, 2,
 4, ... requests in flight until a level fails, then bisection to ``[capacity] precision``) over
 virtual-time runs of the simulated engine calibrated for the configuration's model and GPU
-(``serving.sim.profiles``). Each probe is a closed loop: ``concurrency`` requests are kept in
-flight, each a fresh prompt (no prefix shared, as a random benchmark dataset) generating
+(``slo.planning.replica.profiles``). Each probe is a closed loop: ``concurrency`` requests are kept
+in flight, each a fresh prompt (no prefix shared, as a random benchmark dataset) generating
 exactly its drawn output length (``ignore_eos``); when one finishes the next arrives at that
 instant. Lengths are drawn uniformly within ``RANGE_RATIO`` (±50 %) of the identity's
 ``prompt_tokens`` and ``output_tokens``, as ``vllm bench serve --random-range-ratio 0.5``
 does: with every request alike, a closed loop stays in lock step (all requests prefill in
 one step, finish in one step) and its latency is that of a synchronised burst, not of a
 steady load. The engine is stepped on
-the virtual clock ``serving.sim.virtual.run_virtual`` uses (each step moves the clock by its
-modelled duration), so a whole search takes a second or two of CPU however long it "runs".
+the virtual clock ``slo.planning.replica.virtual.run_virtual`` uses (each step moves the clock by
+its modelled duration), so a whole search takes a second or two of CPU however long it "runs".
 
 A probe measures as a live one does, by the same rules
 (``slo.planning.capacity_search.ProbeWindow``, ``[capacity]``): the first ``concurrency`` requests
@@ -24,7 +24,7 @@ a probe near the knee would otherwise simulate thousands of requests). One still
 decided on its point estimate, as a live probe at its request limit is, and the notes say so.
 
 The result has basis ``"estimated"`` and says so: the simulator's step-time model is a
-calibration of orders of magnitude (``serving.sim.profiles``), not a measurement. Only
+calibration of orders of magnitude (``slo.planning.replica.profiles``), not a measurement. Only
 configurations the simulator is calibrated for are estimated (``known_calibrations``): one GPU
 per replica, unquantized weights. Speculative decoding is simulated with the engine's default
 draft acceptance (0.7 per position), which the notes state.
@@ -37,10 +37,6 @@ import math
 import random
 from collections.abc import Sequence
 
-from serving.sim.engine import Engine, EngineConfig, SpecDecodeConfig
-from serving.sim.profiles import DEFAULT_MODEL, PROFILES, Profile
-from serving.sim.request import EngineRequest
-from serving.sim.text import Prompt
 from slo.planning.capacity_search import (
     RANGE_RATIO,
     Margin,
@@ -51,6 +47,10 @@ from slo.planning.capacity_search import (
     profile_from_search,
     search_sync,
 )
+from slo.planning.replica.engine import Engine, EngineConfig, SpecDecodeConfig
+from slo.planning.replica.profiles import DEFAULT_MODEL, PROFILES, Profile
+from slo.planning.replica.request import EngineRequest
+from slo.planning.replica.text import Prompt
 from vigil.capacity import CapacityProfile, Probe, ProfileIdentity, SloTarget
 from vigil.config import CapacityConfig
 from vigil.errors import ConfigError

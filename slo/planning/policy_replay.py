@@ -20,7 +20,7 @@ held while it loads); a removed one stops at once. Both policies start from
 **Aggregation (what makes a day take seconds).** A day of vLLM steps is millions of engine
 iterations; instead, traffic is split evenly over the serving replicas (the gateway's
 least-loaded routing), and each tick looks up the *level* of its per-replica rate: one
-``serving.sim.virtual.run_virtual`` run of the calibrated engine under Poisson arrivals at
+``slo.planning.replica.virtual.run_virtual`` run of the calibrated engine under Poisson arrivals at
 that rate (``warmup_s`` discarded, then ``level_s`` measured), cached by rate rounded to a
 ``resolution`` (4 %) geometric grid. A level gives the signals (time-weighted KV-cache usage
 and queue length, TTFT p95) and the share of requests within each latency SLO. So a tick is
@@ -39,12 +39,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from serving.sim.engine import Engine, EngineConfig
-from serving.sim.profiles import Profile, get_profile
-from serving.sim.text import Prompt
-from serving.sim.virtual import Arrival, poisson_arrivals, run_virtual
 from slo.cost.waste import lower_bound_replicas
 from slo.objectives.spec import effective_slos
+from slo.planning.replica.engine import Engine, EngineConfig
+from slo.planning.replica.profiles import Profile, get_profile
+from slo.planning.replica.text import Prompt
+from slo.planning.replica.virtual import Arrival, poisson_arrivals, run_virtual
 from slo.scaling.policy import Timeline, decide, fit_window_for, trend
 from slo.scaling.signals import ttft_threshold_for
 from vigil.capacity import SloTarget
@@ -221,7 +221,9 @@ def rate_function(traffic: Traffic, tick_s: float) -> Callable[[float], float]:
         return traffic
     items = list(traffic)
     if items and isinstance(items[0], tuple):
-        points = sorted((float(t), float(r)) for t, r in items)  # type: ignore[misc]
+        # Traffic is a union mypy cannot narrow by the first item: these are (t, rps) pairs.
+        pairs: Sequence[tuple[float, float]] = items  # type: ignore[assignment]
+        points = sorted((float(t), float(r)) for t, r in pairs)
 
         def step(t: float) -> float:
             value = 0.0

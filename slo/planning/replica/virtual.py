@@ -12,9 +12,9 @@ import random
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from serving.sim.engine import Engine
-from serving.sim.request import EngineRequest
-from serving.sim.text import Prompt
+from slo.planning.replica.engine import Engine
+from slo.planning.replica.request import EngineRequest
+from slo.planning.replica.text import Prompt
 
 __all__ = ["Arrival", "StepSample", "VirtualRun", "poisson_arrivals", "run_virtual"]
 

@@ -32,11 +32,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from serving.sim.kv_cache import BlockPool
-from serving.sim.profiles import Profile
-from serving.sim.queues import SchedulingPolicy, WaitingQueue
-from serving.sim.request import EngineRequest, FinishReason, RequestStatus
-from serving.sim.text import Prompt, natural_output_len
+from slo.planning.replica.kv_cache import BlockPool
+from slo.planning.replica.profiles import Profile
+from slo.planning.replica.queues import SchedulingPolicy, WaitingQueue
+from slo.planning.replica.request import EngineRequest, FinishReason, RequestStatus
+from slo.planning.replica.text import Prompt, natural_output_len
 
 __all__ = [
     "Engine",
@@ -232,6 +232,7 @@ class Engine:
         if prompt.num_tokens + max_tokens > self.profile.max_model_len:
             raise ValueError(f"prompt ({prompt.num_tokens}) + max_tokens ({max_tokens}) exceeds "
                              f"max_model_len ({self.profile.max_model_len})")
+        reason: FinishReason
         if ignore_eos:
             target, reason = max_tokens, "length"
         else:
