@@ -84,6 +84,18 @@ def worker_ports() -> str:
     return f"{low}-{low + PORTS_PER_WORKER - 1}"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with a ``slow`` test first, each module's tests kept together and in order.
+
+    pytest-xdist hands whole modules to the workers in this order (``--dist loadscope``), so
+    the long ones start while every worker is still busy rather than last, when one worker
+    would run on alone: the longest-first rule of scheduling."""
+    slow = {item.module for item in items
+            if item.module is not None and item.get_closest_marker("slow") is not None}
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (item.module not in slow, order[id(item)]))
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     folder, before = config.stash.get(_CACHE_KEY, (None, None))
     if folder is None:

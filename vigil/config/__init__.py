@@ -12,7 +12,7 @@ and checks a file. Everything is imported from ``vigil.config``.
 """
 
 from vigil.config.alerting import AlertRouteConfig, AlertsConfig, KedaConfig, RulesConfig
-from vigil.config.base import DEFAULT_PRICES
+from vigil.config.base import DEFAULT_PRICES, check_http_url
 from vigil.config.dashboard import DashboardConfig
 from vigil.config.engine import (
     AnomalyConfig,
@@ -71,6 +71,7 @@ __all__ = [
     "TierConfig",
     "TiersConfig",
     "VllmProfileConfig",
+    "check_http_url",
     "load_config",
     "parse_config",
 ]
