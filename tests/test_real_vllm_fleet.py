@@ -166,6 +166,9 @@ def test_slo_status_percentiles_equal_the_load_generators_own(
             # The gateway's clock starts when its handler runs and stops when vLLM's chunk
             # arrives: a client, which also waits for the connection, the request's parsing
             # and its own reading, can only see more, by one loopback hop and a Python event
-            # loop at each end (HOP_S). Beyond that, within 5 %.
+            # loop at each end (HOP_S). Beyond that, within 5 %. The p99 of 60 requests is one
+            # request's, and its hop the largest of 60: a stall of the core the gateway, the
+            # client and the collector share, measured up to 14 ms; two hops are allowed there.
+            hops = 2 if what.endswith("p99") else 1
             assert 0 < ours_v <= theirs_v, what
-            assert theirs_v - ours_v <= 0.05 * theirs_v + HOP_S, (what, figures)
+            assert theirs_v - ours_v <= 0.05 * theirs_v + hops * HOP_S, (what, figures)
