@@ -1,8 +1,7 @@
 """Seeded data for the dashboard's tests: a store with every series the pages read, a config
 naming it, and gateway records written by the gateway's own ``RecordWriter``.
 
-``tests/test_dashboard_seed.py`` checks that the seed holds what the pages read. The story, over
-``SPAN_S`` ending at ``AT``:
+The story, over ``SPAN_S`` ending at ``AT``:
 
 * pool ``chat`` (2 replicas of Llama on H100): load rising through the last two hours, KV-cache
   usage climbing to ~0.86 (scale-out), errors spiking in the last 40 minutes (burn-rate page),

@@ -1,9 +1,8 @@
 """Synthetic vLLM fleet data for the SLO engine's tests, written to a real ``Store``.
 
-``tests/test_slo_fleet.py`` checks that what ``Fleet`` writes looks like what the collector
-stores from a real vLLM (names, labels, cumulative buckets spelled as vLLM spells ``le``) and
-that its counters grow exactly as specified, so that expected values in the other tests can be
-computed by hand.
+What ``Fleet`` writes looks like what the collector stores from a real vLLM (names, labels,
+cumulative buckets spelled as vLLM spells ``le``), and its counters grow exactly as specified,
+so that expected values can be computed by hand.
 
 Time grid: samples every ``STEP_S`` seconds ending exactly at ``AT``; a window that is a
 multiple of the step then holds whole steps, and ``increase`` over it equals

@@ -35,12 +35,13 @@ def _moved_key(key: str, data: dict[str, Any]) -> str:
 Problem = tuple[str, str]  # (dotted key, message)
 
 
-def _duplicate(names: list[str], i: int, key: str, what: str) -> list[Problem]:
-    """A problem at ``key`` when entry ``i``'s name, ``names[i]``, an earlier entry has."""
+def _duplicate(names: list[str], i: int, key: str, what: str, *,
+               quote: bool = True) -> list[Problem]:
+    """A problem at ``key`` when entry ``i``'s name, ``names[i]``, an earlier entry has;
+    ``quote=False`` leaves the value out of the message (a key's hash)."""
     if names.index(names[i]) == i:
         return []
-    return [(key, f"duplicate {what}" if what.endswith("hash") else
-             f"duplicate {what} {names[i]!r}")]
+    return [(key, f"duplicate {what} {names[i]!r}" if quote else f"duplicate {what}")]
 
 
 def _unknown_pool(name: str, key: str, pool_names: list[str]) -> list[Problem]:
@@ -75,7 +76,8 @@ def _check_references(cfg: Config) -> list[Problem]:
                              f"not {slo.indicator!r}"))
     key_hashes = [k.sha256 for k in cfg.gateway.api_keys]
     for i in range(len(key_hashes)):
-        problems += _duplicate(key_hashes, i, f"gateway.api_keys[{i}].sha256", "API key hash")
+        problems += _duplicate(key_hashes, i, f"gateway.api_keys[{i}].sha256", "API key hash",
+                               quote=False)
     for i, name in enumerate(cfg.gateway.cache.pools):
         problems += _unknown_pool(name, f"gateway.cache.pools[{i}]", pool_names)
     route_names = [r.name for r in cfg.alerts.routes]
