@@ -45,7 +45,7 @@ from alerts.grouping import LogEntry
 from alerts.model import Alert, Notification
 from vigil.conventions import OUTBOX_DONE, OUTBOX_GIVEN_UP, OUTBOX_PENDING, OUTBOX_SUPERSEDED
 from vigil.errors import VigilError
-from vigil.sqlite import Database
+from vigil.storage.sqlite import Database
 
 __all__ = ["Outbox", "OutboxError", "OutboxItem", "OutboxStats", "backoff_delay"]
 

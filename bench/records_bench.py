@@ -30,7 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.processes import postgres
-from collector.request_log import GatewayRecord, RecordWriter
+from serving.gateway.records import RecordWriter
+from vigil.storage.gateway_records import GatewayRecord
 
 
 def record(i: int) -> GatewayRecord:

@@ -141,7 +141,8 @@ def http_server() -> Iterator[LoopbackServer]:
         yield server
 
 
-# The PostgreSQL fixtures (``postgres_server``, ``postgres_url``) for every module, so a test
-# names them as parameters without importing them; imported last, since that module uses
-# ``require_binary`` above.
+# The PostgreSQL fixtures (``postgres_server``, ``postgres_url``) and an event loop in a thread
+# (``loop``) for every module, so a test names them as parameters without importing them;
+# imported last, since those modules use ``require_binary`` above.
+from support.batch import loop  # noqa: E402, F401
 from support.postgres import postgres_server, postgres_url  # noqa: E402, F401

@@ -41,7 +41,7 @@ from support.batch import (
 
 from serving.gateway.batch import BatchQueue, BatchRequest
 from serving.gateway.batch_store import MIGRATIONS, BatchStore, NewRequest
-from vigil.database import SCHEMA_TABLE
+from vigil.storage.database import SCHEMA_TABLE
 
 LEASE = 30.0
 CHAT = "/v1/chat/completions"
@@ -128,13 +128,6 @@ def stores(target: str | Path) -> Iterator[Callable[[str], BatchStore]]:
     yield make
     for s in opened:
         s.close()
-
-
-@pytest.fixture
-def loop() -> Iterator[LoopThread]:
-    lt = LoopThread()
-    yield lt
-    lt.close()
 
 
 def add_batch(store: BatchStore, n: int, *, prefix: str = "c", now: int = 0,

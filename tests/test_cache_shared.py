@@ -19,8 +19,8 @@ from serving.cache import SemanticCache
 from serving.cache.shared import SharedEntries
 from serving.gateway.caching import CacheBridge
 from vigil.clock import ManualClock
-from vigil.database import open_database
 from vigil.errors import StoreError
+from vigil.storage.database import open_database
 
 PASSWORD = "How do I reset my password?"
 PARAPHRASE = "What is the way to reset my password?"

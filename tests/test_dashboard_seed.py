@@ -37,7 +37,7 @@ def test_store_has_every_series_the_pages_read(seeded: Path) -> None:
 
 
 def test_gateway_records_are_readable_as_a_request_log(seeded: Path) -> None:
-    from collector.request_log import GatewayRecords
+    from slo.sources.request_log import GatewayRecords
 
     records = list(GatewayRecords(seeded.parent / "vigil-gateway.db").records("chat", AT, 3600))
     assert len(records) == 300

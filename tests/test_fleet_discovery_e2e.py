@@ -55,7 +55,7 @@ from alerts.rules.engine_value import engine_value
 from alerts.rules.pipeline import Rule, RulesOptions, RulesResult, generate
 from collector.store import Store
 from serving.gateway.auth import key_sha256
-from serving.sim.testing import FleetHandle, running_fleet
+from serving.sim.testing import FleetHandle, running_fleet, sample_values
 from slo.cost.pool import up_seconds
 from slo.sources.embedded import EmbeddedSource
 from slo.sources.prometheus import PrometheusSource
@@ -253,7 +253,9 @@ def _in_flight(scrapes: list[tuple[float, float]], at: float) -> bool:
 def test_recorded_samples_equal_the_engine_at_their_instants(world: World) -> None:
     prom, result = world.prom, world.result
     # Enough evaluations of every group: each rule has recorded a few seconds of samples.
-    time.sleep(max(0.0, 8.0 - (time.time() - _first_rule_eval(prom))))
+    _first_rule_eval(prom)
+    wait_for("every rule group evaluated 8 times", lambda: _fewest_group_evaluations(prom) >= 8,
+             30, interval_s=0.5)
     now = time.time()
     source = PrometheusSource(prom.base_url, semantics="2", lookback_s=world.config.engine.lookback)
     durations = prom.query_range_samples(
@@ -303,6 +305,15 @@ def _first_rule_eval(prom: PrometheusServer) -> float:
     return wait_for("every rule group evaluated", evaluated, 30)
 
 
+def _fewest_group_evaluations(prom: PrometheusServer) -> float:
+    """The fewest evaluations of any rule group so far (Prometheus's own
+    ``prometheus_rule_group_iterations_total``)."""
+    samples = sample_values(httpx.get(prom.base_url + "/metrics", timeout=5).text)
+    counts = [v for (name, _), v in samples.items()
+              if name == "prometheus_rule_group_iterations_total"]
+    return min(counts) if counts else 0.0
+
+
 # --- a pod added, a pod removed ---------------------------------------------------------------
 def _billed_prometheus(world: World, at: float) -> dict[str, float]:
     with PrometheusSource(world.prom.base_url, semantics="2",
@@ -350,7 +361,8 @@ def test_a_pod_added_and_a_pod_removed(world: World) -> None:
     wait_for("the new pod in the gateway", lambda: pods[new] in _gateway_replicas(world), 30)
     wait_for("requests served by the new pod", lambda: world.load.snapshot().get(
         _gateway_name(world, pods[new]), 0) > 0, 30)
-    time.sleep(4)  # a few samples to bill
+    wait_for("a few samples of the new pod to bill", lambda: len(_store_up_samples(world, new))
+             >= 4 and len(_up_samples(world, new, time.time())) >= 4, 30, interval_s=0.5)
 
     # Billed from its first sample: one scrape interval per up sample, none before.
     at = time.time()
@@ -366,11 +378,17 @@ def test_a_pod_added_and_a_pod_removed(world: World) -> None:
     wait_for("the removed pod stale in Prometheus", lambda: old not in _pods_up(world.prom), 30)
     wait_for("the removed pod out of the gateway", lambda: pods[old] not in
              _gateway_replicas(world), 30)
-    time.sleep(2)  # requests already sent to it finish
+    rounds = world.load.rounds()
+    wait_for("the requests already sent to it finished", lambda: all(
+        now >= then + 2 for now, then in zip(world.load.rounds(), rounds, strict=True)), 30)
     served = world.load.snapshot().get(_gateway_name(world, pods[old]), 0)
     first = time.time()
     billed_prom, billed_store = _billed_prometheus(world, first), _billed_store(world, first)
-    time.sleep(3)
+    scraped_prom = len(_up_samples(world, kept, first))
+    scraped_store = len(_store_up_samples(world, kept))
+    wait_for("three more scrapes of the pods still listed", lambda: len(_up_samples(
+        world, kept, time.time())) >= scraped_prom + 3 and len(_store_up_samples(world, kept))
+        >= scraped_store + 3, 30, interval_s=0.5)
     later = time.time()
     assert _billed_prometheus(world, later)[old] == billed_prom[old]
     assert _billed_store(world, later).get(old, 0.0) == billed_store.get(old, 0.0)

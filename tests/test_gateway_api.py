@@ -19,9 +19,9 @@ from support.gateway import (
 )
 
 from collector.exposition import parse
-from collector.request_log import GatewayRecords
 from serving.sim.testing import FleetHandle, running_fleet, sample_values, total
 from slo.sources.protocol import RequestLog
+from slo.sources.request_log import GatewayRecords
 
 MESSAGES = [{"role": "system", "content": "You are terse."},
             {"role": "user", "content": "What does a KV cache hold?"}]

@@ -32,13 +32,6 @@ from serving.sim.testing import FleetHandle, running_fleet, sample_values, total
 
 
 @pytest.fixture
-def loop() -> Iterator[LoopThread]:
-    lt = LoopThread()
-    yield lt
-    lt.close()
-
-
-@pytest.fixture
 def fleet() -> Iterator[FleetHandle]:
     with running_fleet(1, scheduling_policy="priority") as f:
         yield f

@@ -37,13 +37,6 @@ from vigil.errors import ConfigError
 
 
 @pytest.fixture
-def loop() -> Iterator[LoopThread]:
-    lt = LoopThread()
-    yield lt
-    lt.close()
-
-
-@pytest.fixture
 def fleet() -> Iterator[FleetHandle]:
     with running_fleet(1, scheduling_policy="priority") as f:
         yield f

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from support.batch import (
     POOL,
     ControlledLoad,
@@ -30,14 +28,7 @@ from serving.gateway.batch import BatchRequest
 from serving.gateway.batch_store import DEFAULT_LEASE, BatchStore, NewRequest
 from serving.sim.testing import running_fleet
 from vigil.conventions import BATCH_TABLE_BATCHES, BATCH_TABLE_FILES, BATCH_TABLE_REQUESTS
-from vigil.database import SCHEMA_TABLE
-
-
-@pytest.fixture
-def loop() -> Iterator[LoopThread]:
-    lt = LoopThread()
-    yield lt
-    lt.close()
+from vigil.storage.database import SCHEMA_TABLE
 
 
 def _states(path: Path) -> dict[str, int]:

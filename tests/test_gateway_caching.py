@@ -143,7 +143,9 @@ def test_no_header_when_the_cache_is_off(fleet: FleetHandle, tmp_path) -> None:
     with running_gateway(gateway_config(tmp_path, fleet.base_urls)) as gw:
         raw = gw.client().chat.completions.with_raw_response.create(
             model=MODEL, messages=QUESTION, temperature=0, max_tokens=2)
+        names = {f.name for f in parse(httpx.get(f"{gw.url}/metrics").text)}
     assert "x-vigil-cache" not in raw.headers
+    assert not {"vigil_gateway_cache_entries", "vigil_gateway_cache_shared_entries"} & names
 
 
 def test_an_answer_stored_by_one_gateway_is_a_hit_on_another(fleet: FleetHandle,
@@ -168,3 +170,11 @@ def test_an_answer_stored_by_one_gateway_is_a_hit_on_another(fleet: FleetHandle,
         hit = b.record(again.headers["x-vigil-request-id"])
         assert (hit.cache_hit, hit.cost_usd, hit.replica) == ("l1", 0.0, "")
         assert hit.saved_usd is None  # what it cost is known on A only
+        # Each instance says on /metrics what it shared: A wrote its answer, B applied it.
+        for gw, outcome in ((a, "written"), (b, "applied")):
+            samples = sample_values(httpx.get(f"{gw.url}/metrics").text)
+            assert total(samples, "vigil_gateway_cache_shared_entries_total",
+                         outcome=outcome) == 1.0, (gw.url, outcome)
+            assert total(samples, "vigil_gateway_cache_shared_entries_total",
+                         outcome="rejected") == 0.0
+            assert total(samples, "vigil_gateway_cache_entries") == 1.0

@@ -11,14 +11,16 @@ from pathlib import Path
 import pytest
 from support.loopback import wait_for
 
-from collector.request_log import GatewayRecord, GatewayRecords, RecordWriter
 from serving.gateway.accounting import ShareLedger, gpu_cost_per_second
 from serving.gateway.batch_store import BatchStore
+from serving.gateway.records import RecordWriter
 from slo.sources.protocol import RequestLog
+from slo.sources.request_log import GatewayRecords
 from vigil.clock import ManualClock
 from vigil.config import parse_config
 from vigil.errors import StoreError
 from vigil.model import RequestRecord
+from vigil.storage.gateway_records import GatewayRecord
 
 
 def _rec(i: int, *, ts: float, pool: str = "chat", error_class: str = "",
@@ -193,9 +195,9 @@ def test_a_row_the_database_refuses_is_dropped_alone(
 
 def test_a_locked_file_is_retried_not_rejected(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    import vigil.sqlite
+    import vigil.storage.sqlite
 
-    monkeypatch.setattr(vigil.sqlite, "BUSY_TIMEOUT_MS", 20)  # read when the file is opened
+    monkeypatch.setattr(vigil.storage.sqlite, "BUSY_TIMEOUT_MS", 20)  # read when the file is opened
     w = RecordWriter(tmp_path / "gw.db", retry_interval=0.01, max_retry_interval=0.02)
     w.start()
     blocker = sqlite3.connect(tmp_path / "gw.db", isolation_level=None)

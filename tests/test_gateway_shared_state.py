@@ -33,13 +33,14 @@ from support.loopback import wait_for
 from support.postgres import PostgresServer, postgres_server, postgres_url  # noqa: F401
 from support.shared_gateways import GatewayProcess, running_gateways, write_config
 
-from collector.request_log import GatewayRecord, GatewayRecords
 from serving.sim.testing import FleetHandle, running_fleet, sample_values, total
 from slo.planning.replica.profiles import SMALL
 from slo.sources.protocol import RequestLog
-from vigil.conventions import METRIC_GW_RECORDS_BUFFERED
-from vigil.database import SqlDatabase, open_database
+from slo.sources.request_log import GatewayRecords
+from vigil.conventions import METRIC_GW_CACHE_SHARED, METRIC_GW_RECORDS_BUFFERED
 from vigil.errors import StoreError
+from vigil.storage.database import SqlDatabase, open_database
+from vigil.storage.gateway_records import GatewayRecord
 
 pytestmark = pytest.mark.slow
 
@@ -295,6 +296,11 @@ def _records_buffered(g: GatewayProcess) -> float:
     return total(_scrape(g.url), METRIC_GW_RECORDS_BUFFERED)
 
 
+def _cache_shared(g: GatewayProcess, outcome: str) -> float:
+    """The gateway's ``vigil_gateway_cache_shared_entries_total`` of ``outcome``."""
+    return total(_scrape(g.url), METRIC_GW_CACHE_SHARED + "_total", outcome=outcome)
+
+
 def test_requests_are_answered_and_recorded_across_a_postgres_restart(
         server: PostgresServer, pair: Shared) -> None:
     a, b, t0 = pair.a, pair.b, time.time()
@@ -360,14 +366,17 @@ def test_an_answer_cached_through_one_instance_hits_through_the_other(pair: Shar
     other = [{"role": "user", "content": "What is the capital of Italy?"}]
     via_a, via_b = pair.a.client(STANDARD), pair.b.client(STANDARD)
     before = len(_shared_entries(pair.url))
+    applied_by_b = _cache_shared(pair.b, "applied")
     first = via_a.chat.completions.with_raw_response.create(
         model=MODEL, messages=question, temperature=0, max_tokens=12)
     assert first.headers["x-vigil-cache"] == "miss"
     wait_for("A's answer in the shared cache entries",
              lambda: len(_shared_entries(pair.url)) > before, timeout_s=DEADLINE_S)
     # B reads what the others stored every sync interval. The question is asked of B once,
-    # a few intervals later: a miss through B would store B's own copy.
-    time.sleep(8 * SYNC_S)
+    # after B has put A's entry into its cache: a miss through B would store B's own copy.
+    wait_for("A's entry applied by B", lambda: _cache_shared(pair.b, "applied") > applied_by_b,
+             timeout_s=DEADLINE_S)
+    assert _cache_shared(pair.a, "written") >= 1
     served = _served(pair.fleet)
     again = via_b.chat.completions.with_raw_response.create(
         model=MODEL, messages=question, temperature=0, max_tokens=12)

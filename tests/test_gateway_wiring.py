@@ -24,11 +24,11 @@ from support.gateway import (
 )
 from support.loopback import free_port
 
-from collector.request_log import GatewayRecords
 from serving.gateway.auth import key_sha256
 from serving.gateway.batch import BatchRequest
 from serving.gateway.types import Caller
 from serving.sim.testing import running_fleet
+from slo.sources.request_log import GatewayRecords
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from support.history import AT, MODEL, base_rate, write_history
 
-from collector.request_log import GatewayRecord, RecordWriter
 from collector.store import Store
+from serving.gateway.records import RecordWriter
 from slo.planning.profile_store import ProfileStore
 from vigil.capacity import CapacityProfile, ProfileIdentity, SloTarget
+from vigil.storage.gateway_records import GatewayRecord
 from vigil_shell.cli import main
 
 SLOS = (SloTarget("chat-ttft", "ttft", 0.8, 0.95), SloTarget("chat-e2e", "e2e", 8.0, 0.95))

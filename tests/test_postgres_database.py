@@ -1,6 +1,6 @@
-"""``vigil.postgres.PostgresDatabase`` against a real PostgreSQL server, and the interface it
-shares with ``vigil.sqlite.Database``: the tests taking ``opener`` run on either database, so
-the two stay interchangeable for the stores written on top of them."""
+"""``vigil.storage.postgres.PostgresDatabase`` against a real PostgreSQL server, and the
+interface it shares with ``vigil.storage.sqlite.Database``: the tests taking ``opener`` run on
+either database, so the two stay interchangeable for the stores written on top of them."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import pytest
 from support.loopback import free_port
 from support.postgres import PostgresServer
 
-from vigil.database import SqlDatabase, migrate, open_database, redact_url
 from vigil.errors import StoreError, StoreUnavailable
-from vigil.postgres import PostgresDatabase, translate_placeholders
+from vigil.storage.database import SqlDatabase, migrate, open_database, redact_url
+from vigil.storage.postgres import PostgresDatabase, translate_placeholders
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -500,7 +500,7 @@ def test_without_psycopg_the_extra_is_named() -> None:
     code = ("import sys\n"
             "sys.modules['psycopg'] = None\n"
             "from vigil.errors import ExtraMissingError\n"
-            "from vigil.database import open_database\n"
+            "from vigil.storage.database import open_database\n"
             "try:\n"
             f"    open_database({url!r}, what='the records')\n"
             "except ExtraMissingError as exc:\n"
@@ -520,7 +520,7 @@ def test_without_psycopg_the_extra_is_named() -> None:
     ("postgresql:///db?host=/run/postgresql", "postgresql:///db?host=/run/postgresql", ""),
 ])
 def test_urls_are_shown_without_their_password(url: str, shown: str, password: str) -> None:
-    from vigil.database import url_password
+    from vigil.storage.database import url_password
 
     assert redact_url(url) == shown
     assert url_password(url) == password

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from support.gateway import MODEL, STANDARD, gateway_config, running_gateway
 
-from collector.request_log import GatewayRecords
 from collector.store import Store
 from serving.sim.testing import running_fleet
 from slo.objectives.quantiles import model_quantiles
 from slo.sources.embedded import EmbeddedSource
+from slo.sources.request_log import GatewayRecords
 
 #: Seconds of load, and its rate (requests per second): bounded, modest.
 LOAD_S = 25

@@ -21,8 +21,8 @@ from support.loopback import wait_for
 from support.real_vllm import MODEL, POOL, VllmServer, monitored_config, real_vllm, run_vigil  # noqa: F401
 from support.shared_gateways import running_gateways
 
-from collector.request_log import GatewayRecords
 from serving.sim.testing import sample_values, total
+from slo.sources.request_log import GatewayRecords
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
 

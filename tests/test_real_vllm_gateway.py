@@ -24,8 +24,8 @@ from support.loopback import wait_for
 from support.real_vllm import MODEL, VllmServer, real_vllm  # noqa: F401
 from support.shared_gateways import GatewayProcess, running_gateways, write_config
 
-from collector.request_log import GatewayRecords
 from serving.sim.testing import sample_values, total
+from slo.sources.request_log import GatewayRecords
 from vigil.conventions import HEADER_REQUEST_ID
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]

@@ -13,11 +13,13 @@ import pytest
 from support.loopback import free_port, wait_for
 from support.postgres import PostgresServer
 
-from collector.request_log import POOL_SIZE, GatewayRecord, GatewayRecords, RecordWriter
 from dashboard.gateway_data import open_request_log
+from serving.gateway.records import RecordWriter
 from slo.sources.open import request_log
+from slo.sources.request_log import POOL_SIZE, GatewayRecords
 from vigil.config import parse_config
 from vigil.errors import StoreError, StoreUnavailable
+from vigil.storage.gateway_records import GatewayRecord
 
 #: A writer that retries quickly: the tests wait for failures, then for the recovery.
 FAST_RETRY = {"retry_interval": 0.02, "max_retry_interval": 0.1}

@@ -1,4 +1,4 @@
-"""vigil.sqlite: the one way every Vigil store opens and writes its SQLite file."""
+"""vigil.storage.sqlite: the one way every Vigil store opens and writes its SQLite file."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from vigil.errors import StoreError, VigilError
-from vigil.sqlite import Database
+from vigil.storage.sqlite import Database
 
 SCHEMA = ("CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY, v INTEGER)",)
 

@@ -326,6 +326,14 @@ METRIC_GW_RECORDS_BUFFERED = "vigil_gateway_records_buffered"
 METRIC_GW_RECORD_WRITE_FAILURES = "vigil_gateway_record_write_failures"
 #: Records dropped because the database refused them (logged with their ids).
 METRIC_GW_RECORDS_REJECTED = "vigil_gateway_records_rejected"
+#: Entries the semantic cache holds now (gauge).
+METRIC_GW_CACHE_ENTRIES = "vigil_gateway_cache_entries"
+#: Entries shared through the gateway database, by outcome (LABEL_OUTCOME): ``written`` by
+#: this instance, ``applied`` (other instances' entries put into this cache), ``dropped``
+#: (not written: the queue was full, the database unreachable) and ``rejected`` (refused by
+#: the database for their content).
+METRIC_GW_CACHE_SHARED = "vigil_gateway_cache_shared_entries"
+LABEL_OUTCOME = "outcome"
 #: Labels of the gateway's series (LABEL_POOL as above).
 LABEL_TIER = "tier"
 LABEL_ENDPOINT = "endpoint"

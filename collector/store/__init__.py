@@ -8,7 +8,7 @@ appends, so a reader never waits for a scrape to commit and never makes it wait.
 Time units: sample timestamps (``ts``, ``*_ms``) are Unix **milliseconds** (int); retention,
 resolution and ``now`` are Unix **seconds** (float), like the ``Clock``.
 
-One module per job, all over one ``vigil.sqlite.Database``:
+One module per job, all over one ``vigil.storage.sqlite.Database``:
 
 * ``schema``: the tables, schema versions and migrations, opening the file;
 * ``codec``: how labels and values (NaN, staleness markers) are stored;

@@ -23,7 +23,7 @@ from collector.store.codec import TS_MAX, floor_to
 from collector.store.head import HEAD_KEEP_MS, SERIES_CHUNK, WriteHead, move_rows
 from collector.store.schema import K_BACKFILL, K_SERIES_GEN, K_WATERMARK, read_meta, set_meta
 from vigil.clock import Clock
-from vigil.sqlite import Database
+from vigil.storage.sqlite import Database
 
 __all__ = ["CompactionReport", "Compactor"]
 

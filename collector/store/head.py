@@ -29,7 +29,7 @@ from collector.store.schema import K_BACKFILL, K_SERIES_GEN, K_WATERMARK, read_m
 from vigil.clock import Clock
 from vigil.errors import StoreError
 from vigil.model import SeriesKey, TargetHealth
-from vigil.sqlite import Database
+from vigil.storage.sqlite import Database
 
 __all__ = ["HEAD_KEEP_MS", "SERIES_CHUNK", "WriteHead", "move_rows"]
 

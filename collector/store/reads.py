@@ -23,7 +23,7 @@ from vigil.clock import Clock
 from vigil.conventions import EXPORTED_PREFIX
 from vigil.model import Point, SeriesKey, TargetHealth
 from vigil.selectors import Selector
-from vigil.sqlite import Database
+from vigil.storage.sqlite import Database
 
 if TYPE_CHECKING:
     import pandas

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from collector.store import rollup
 from vigil.errors import StoreError
-from vigil.sqlite import Database
+from vigil.storage.sqlite import Database
 
 __all__ = [
     "APPLICATION_ID",

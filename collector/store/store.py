@@ -1,8 +1,8 @@
 """``Store``: the sample store's one object, composed of its write head, reads and compaction.
 
-The three share one ``vigil.sqlite.Database`` (one connection, one lock); ``Store`` checks its
-settings, opens the file (``schema.open_database``) and hands each call to the part that does
-it.
+The three share one ``vigil.storage.sqlite.Database`` (one connection, one lock); ``Store``
+checks its settings, opens the file (``schema.open_database``) and hands each call to the part
+that does it.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ touch the database. What is shared is the table ``cache_entries``, one row per s
   database cannot be written (down, restarting), entries are dropped and counted: the cache
   still holds them locally, and a cache entry is worth less than a request record. NUL in a
   text field is replaced (U+FFFD) on either database, since PostgreSQL refuses it; a row the
-  database still refuses costs only that row (``rejected``), never its batch.
+  database still refuses costs only that row (``rejected``), never its batch: the storage
+  layer's policy for every store (``vigil.storage.batches``).
 * **read**: every ``sync_interval`` seconds the same thread reads the rows other instances
   appended since the last read (``seq``) and hands them to the event loop (``take``), which
   puts them into its ``EntryStore``. Expired rows are never handed over; a row's
@@ -50,8 +51,9 @@ from typing import Any
 import numpy as np
 
 from vigil.clock import Clock
-from vigil.database import SqlDatabase, lock_key, open_database
-from vigil.errors import StoreError, StoreUnavailable
+from vigil.errors import StoreError
+from vigil.storage.batches import reason, write_batch
+from vigil.storage.database import SqlDatabase, lock_key, open_database
 
 __all__ = ["COMPONENT", "MIGRATIONS", "WHAT", "SharedEntries", "SharedEntry"]
 
@@ -59,7 +61,7 @@ log = logging.getLogger("vigil.cache.shared")
 
 WHAT = "the cache entries"
 COMPONENT = "gateway_cache"
-#: Schema steps of ``cache_entries`` (append-only, see ``vigil.database.migrate``).
+#: Schema steps of ``cache_entries`` (append-only, see ``vigil.storage.database.migrate``).
 MIGRATIONS: Sequence[Sequence[str]] = (
     (
         "CREATE TABLE IF NOT EXISTS cache_entries ("
@@ -366,50 +368,33 @@ class SharedEntries:
                 self._write_from(item)
 
     def _write(self, batch: list[tuple[Any, ...]]) -> None:
+        """Write ``batch`` with the storage layer's refused-row policy (``write_batch``: a
+        row the database refuses costs only that row). When the database cannot be written,
+        the rows not written are dropped: this instance still holds them in memory."""
         db = self._db  # opened (and re-tried) by the reader, every sync_interval
         if db is None:
             self._dropped_unwritten += len(batch)
             return
-        refused = 0
-        try:
-            with db.transaction(doing="write cache entries"):
-                try:
-                    with db.transaction(doing="write cache entries") as part:
-                        part.executemany(_INSERT, batch)
-                except StoreUnavailable:
-                    raise
-                except Exception:  # a row's content: find that row, keep the others
-                    refused = self._write_each(db, batch)
-        except StoreError as exc:
-            self._dropped_unwritten += len(batch)
-            self._unreachable("write", exc)
-            return
-        except Exception:
-            self._dropped_unwritten += len(batch)
-            log.exception("semantic cache: writing %d shared entries failed", len(batch))
-            return
-        self.written += len(batch) - refused
-        self.rejected += refused
-        self._reachable()
 
-    def _write_each(self, db: SqlDatabase, batch: list[tuple[Any, ...]]) -> int:
-        """Write ``batch`` row by row, each in its savepoint (inside the caller's
-        transaction); how many rows the database refused. An outage still raises."""
-        refused = 0
-        first: BaseException | None = None
-        for row in batch:
-            try:
-                with db.transaction(doing="write a cache entry") as part:
-                    part.execute(_INSERT, row)
-            except StoreUnavailable:
-                raise
-            except Exception as exc:  # this row only
-                refused += 1
-                first = first or exc
-        if refused:
+        def insert(rows: Sequence[tuple[Any, ...]]) -> None:
+            with db.transaction(doing=f"write {len(rows)} cache entries") as conn:
+                conn.executemany(_INSERT, rows)
+
+        outcome = write_batch(batch, insert)
+        self.written += len(outcome.written)
+        self.rejected += len(outcome.refused)
+        if outcome.unexpected is not None:
+            log.error("semantic cache: unexpected error writing %d shared entries", len(batch),
+                      exc_info=outcome.unexpected)
+        if outcome.refused:
             log.warning("semantic cache: the database refused %d of %d shared entries, kept "
-                        "on this instance only (first: %s)", refused, len(batch), first)
-        return refused
+                        "on this instance only (first: %s)", len(outcome.refused), len(batch),
+                        reason(outcome.refused[0][1]))
+        if outcome.stopped_by is not None:
+            self._dropped_unwritten += len(outcome.not_written(batch))
+            self._unreachable("write", outcome.stopped_by)
+            return
+        self._reachable()
 
     # --- database work (under _db_lock) -------------------------------------------------------
 

@@ -3,7 +3,7 @@
 The tables live in the gateway's database (``[gateway] records_path``, an SQLite file in WAL
 mode shared with the request records, or the PostgreSQL server of ``[gateway] database``) and
 are all prefixed ``batch_``. Several gateway instances may share one PostgreSQL database: the
-SQL is written once, in the subset both databases accept (``vigil.database``).
+SQL is written once, in the subset both databases accept (``vigil.storage.database``).
 
 A request moves ``queued -> in_flight -> ok | error``; ``queued`` may also end ``expired`` or
 ``cancelled``. ``claim`` marks a request in flight under a **lease**: the claiming instance
@@ -54,7 +54,7 @@ from vigil.conventions import (
     BATCH_PURPOSE_OUTPUT,
     BATCH_REQUEST_ID_PREFIX,
 )
-from vigil.database import Connection, SqlDatabase, open_database
+from vigil.storage.database import Connection, SqlDatabase, open_database
 
 __all__ = [
     "DEFAULT_LEASE",

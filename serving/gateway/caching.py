@@ -110,6 +110,12 @@ class CacheBridge:
             return None
         return await self._cache.lookup(key)
 
+    def stats(self) -> Any:
+        """The cache's ``CacheStats`` (``serving.cache``), or None when the cache is off or
+        keeps no counters (a cache given by a test may not)."""
+        stats = getattr(self._cache, "stats", None)
+        return stats() if callable(stats) else None
+
     @staticmethod
     def hit_header(hit: Any) -> str:
         """``hit-l1`` or ``hit-l2``."""

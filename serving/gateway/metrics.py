@@ -2,7 +2,8 @@
 
 Counters and histograms are updated as requests finish; series that describe a current state
 (queue depth per tier, replica health, outstanding requests, KV usage, the record writer's
-dropped, buffered and rejected records and failed writes) are read at scrape time by
+dropped, buffered and rejected records and failed writes, the semantic cache's size and shared
+entries) are read at scrape time by
 ``_StateCollector`` from the objects that hold that state, so nothing has to keep them in
 sync. Names and labels are in ``vigil.conventions`` (Gateway section).
 
@@ -25,6 +26,7 @@ from vigil.conventions import (
     GATEWAY_LATENCY_BUCKETS,
     LABEL_ENDPOINT,
     LABEL_ERROR_CLASS,
+    LABEL_OUTCOME,
     LABEL_PHASE,
     LABEL_POOL,
     LABEL_REASON,
@@ -33,8 +35,10 @@ from vigil.conventions import (
     LABEL_STATUS,
     LABEL_TIER,
     LABEL_TOKEN_TYPE,
+    METRIC_GW_CACHE_ENTRIES,
     METRIC_GW_CACHE_LOOKUP_SECONDS,
     METRIC_GW_CACHE_LOOKUPS,
+    METRIC_GW_CACHE_SHARED,
     METRIC_GW_CANCELLATIONS,
     METRIC_GW_COST,
     METRIC_GW_E2E,
@@ -88,8 +92,10 @@ class Family(Generic[_M]):
 class _StateCollector(Collector):
     def __init__(self, depth: QueueDepth, replicas: Callable[[], Iterable[Replica]],
                  dropped: Callable[[], int], buffered: Callable[[], int],
-                 write_failures: Callable[[], int], rejected: Callable[[], int]) -> None:
+                 write_failures: Callable[[], int], rejected: Callable[[], int],
+                 cache: Callable[[], Any]) -> None:
         self._depth = depth
+        self._cache = cache
         self._replicas = replicas
         self._dropped = dropped
         self._buffered = buffered
@@ -130,19 +136,42 @@ class _StateCollector(Collector):
                                        "Request records dropped because the database refused "
                                        "them (logged with their ids).")
         rejected.add_metric([], self._rejected())
-        return [depth, up, outstanding, kv, dropped, buffered, failures, rejected]
+        return [depth, up, outstanding, kv, dropped, buffered, failures, rejected,
+                *self._cache_families()]
+
+    def _cache_families(self) -> list[Metric]:
+        """The semantic cache's size and its shared entries by outcome; none when it is off."""
+        stats = self._cache()
+        if stats is None:
+            return []
+        entries = GaugeMetricFamily(METRIC_GW_CACHE_ENTRIES,
+                                    "Entries the semantic cache holds on this instance.")
+        entries.add_metric([], stats.entries)
+        shared = CounterMetricFamily(METRIC_GW_CACHE_SHARED,
+                                     "Cache entries shared through the gateway database: "
+                                     "written by this instance, applied from the others, "
+                                     "dropped (not written) and rejected by the database.",
+                                     labels=[LABEL_OUTCOME])
+        # CacheStats.shared_dropped includes the rejected ones: each entry counts once here.
+        for outcome, n in (("written", stats.shared_written), ("applied", stats.shared_applied),
+                           ("dropped", stats.shared_dropped - stats.shared_rejected),
+                           ("rejected", stats.shared_rejected)):
+            shared.add_metric([outcome], n)
+        return [entries, shared]
 
 
 class GatewayMetrics:
     """Every gateway series, in ``self.registry``.
 
     ``dropped``, ``buffered``, ``write_failures`` and ``rejected`` read the record writer's
-    counts (records; failed attempts) at scrape time.
+    counts (records; failed attempts) at scrape time; ``cache`` the semantic cache's
+    ``CacheStats`` (None: the cache is off).
     """
 
     def __init__(self, *, depth: QueueDepth, replicas: Callable[[], Iterable[Replica]],
                  dropped: Callable[[], int], buffered: Callable[[], int],
                  write_failures: Callable[[], int], rejected: Callable[[], int],
+                 cache: Callable[[], Any] = lambda: None,
                  registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
@@ -184,4 +213,4 @@ class GatewayMetrics:
             METRIC_GW_SAVED, "GPU cost the semantic cache saved (USD).",
             [LABEL_POOL, LABEL_TIER], registry=r))
         r.register(_StateCollector(depth, replicas, dropped, buffered, write_failures,
-                                   rejected))
+                                   rejected, cache))

@@ -7,7 +7,7 @@
       -> upstream, streaming or not (cancelled as soon as the client goes) -> record + metrics
 
 Every request that reaches the gateway ends in exactly one record
-(``collector.request_log.GatewayRecord``, built by ``Gateway._record``), refusals included,
+(``vigil.storage.gateway_records.GatewayRecord``, built by ``Gateway._record``), refusals included,
 written by the records thread after the response is under way. The body is parsed once and
 serialised once (the policy and the tier's ``priority`` change it); upstream bytes go to the
 client as they came, the only exception being the usage chunk the gateway asked for on a
@@ -27,7 +27,6 @@ from typing import Any
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
-from collector.request_log import GatewayRecord, RecordWriter
 from serving.gateway.accounting import gpu_cost_per_second
 from serving.gateway.admission import Admission
 from serving.gateway.asgi import (
@@ -53,6 +52,7 @@ from serving.gateway.errors import (
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.policy import MaxTokens, apply_max_tokens
 from serving.gateway.proxy import Charge, Forwarder, OpenStream, UpstreamReply, error_message
+from serving.gateway.records import RecordWriter
 from serving.gateway.request import Incoming, parse_body, render_body, validate
 from serving.gateway.sse import StreamTally
 from serving.gateway.streaming import relay
@@ -89,6 +89,7 @@ from vigil.conventions import (
     TOKENS_USAGE,
 )
 from vigil.errors import GatewayError
+from vigil.storage.gateway_records import GatewayRecord
 
 __all__ = ["Call", "Gateway", "new_request_id"]
 
@@ -215,6 +216,7 @@ class Gateway:
                                       buffered=lambda: self.records.buffered,
                                       write_failures=lambda: self.records.write_failures,
                                       rejected=lambda: self.records.rejected,
+                                      cache=lambda: self.cache.stats(),
                                       registry=registry)
         self._pools: dict[str, PoolConfig] = {}
         for p in cfg.pools:

@@ -76,7 +76,7 @@ def request_log(config: Config, *, shared: bool = False) -> RequestLog | None:
     ``shared``: a long-lived process that reads often (the dashboard) gets one reader per
     database URL for the process, thread-safe, so that it does not open a PostgreSQL pool per
     query; a file is opened read-only per read anyway."""
-    from collector.request_log import GatewayRecords
+    from slo.sources.request_log import GatewayRecords
 
     target = config.gateway_database()
     if not isinstance(target, str):

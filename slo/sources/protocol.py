@@ -140,7 +140,7 @@ class Downsampled(Protocol):
 @runtime_checkable
 class RequestLog(Protocol):
     """The gateway's per-request log, read over a window (over the gateway's file:
-    ``collector.request_log.GatewayRecords``)."""
+    ``slo.sources.request_log.GatewayRecords``)."""
 
     def records(self, pool: str, at_s: float, window_s: float) -> Iterable[RequestRecord]:
         """The pool's requests that finished in ``(at_s - window_s, at_s]``."""

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import httpx
 import openai
+import pytest
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
@@ -323,3 +324,11 @@ def running_queue(loop: LoopThread, path: Path, cfg: BatchConfig, *, send: Any,
     finally:
         loop.stop_server(server)
         queue.close()
+
+
+@pytest.fixture
+def loop() -> Iterator[LoopThread]:
+    """A ``LoopThread`` for one test, closed after it (import it into the test module)."""
+    lt = LoopThread()
+    yield lt
+    lt.close()

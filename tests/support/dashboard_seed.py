@@ -199,7 +199,8 @@ def seed_gateway(path: Path) -> int:
     """Gateway records of the last hour, written by the gateway's ``RecordWriter``: three
     tiers, cache hits with savings, error classes, and one 60,000-token request (an exact
     anomaly). Returns how many."""
-    from collector.request_log import GatewayRecord, RecordWriter
+    from serving.gateway.records import RecordWriter
+    from vigil.storage.gateway_records import GatewayRecord
 
     writer = RecordWriter(path)
     writer.start()

@@ -106,11 +106,14 @@ class Load:
         self.model = model
         self.served: dict[str, int] = {}
         self.errors = 0
+        #: Requests each thread has finished (answered or failed).
+        self._rounds = [0] * threads
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
+                         for i in range(threads)]
 
-    def _run(self) -> None:
+    def _run(self, index: int) -> None:
         body = {"model": self.model, "messages": [{"role": "user", "content": "hello " * 8}],
                 "max_tokens": 8}
         headers = {"Authorization": f"Bearer {self.key}"}
@@ -123,6 +126,7 @@ class Load:
                 else:
                     ok, replica = r.status_code == 200, r.headers.get("x-vigil-replica", "")
                 with self._lock:
+                    self._rounds[index] += 1
                     if ok:
                         self.served[replica] = self.served.get(replica, 0) + 1
                     else:
@@ -133,6 +137,12 @@ class Load:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self.served)
+
+    def rounds(self) -> list[int]:
+        """Requests finished so far, per thread. Once every thread has finished two more
+        than at some moment, every request in flight at that moment has finished."""
+        with self._lock:
+            return list(self._rounds)
 
     def __enter__(self) -> Load:
         for t in self._threads:

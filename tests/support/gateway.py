@@ -24,14 +24,15 @@ import httpx
 import openai
 import uvicorn
 
-from collector.request_log import GatewayRecord, GatewayRecords
 from serving.gateway.app import create_app
 from serving.gateway.auth import key_sha256
 from serving.gateway.pipeline import Gateway
 from serving.gateway.server_http import protocol
 from slo.planning.replica.profiles import DEFAULT_MODEL
+from slo.sources.request_log import GatewayRecords
 from support.loopback import free_port
 from vigil.config import Config, parse_config
+from vigil.storage.gateway_records import GatewayRecord
 from vigil_shell.gateway_cli import server_choices
 
 MODEL = DEFAULT_MODEL

@@ -28,7 +28,7 @@ import openai
 from serving.gateway.auth import key_sha256
 from support.gateway import KEYS, MODEL, POOL, STANDARD
 from support.loopback import free_port
-from vigil.database import is_postgres_url
+from vigil.storage.database import is_postgres_url
 
 __all__ = ["GatewayProcess", "running_gateways", "toml_value", "write_config"]
 

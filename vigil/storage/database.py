@@ -1,9 +1,10 @@
 """Which database a store lives in: an SQLite file, or a PostgreSQL server several processes share.
 
 The gateway's records, batch queue and cache entries are written through one small interface
-that ``vigil.sqlite.Database`` (the embedded default) and ``vigil.postgres.PostgresDatabase``
-both implement: ``query``, ``execute``, ``transaction`` (yielding a connection-like object with
-``execute`` and ``executemany``), ``after_commit``, ``on_rollback``, ``snapshot`` and ``close``.
+that ``vigil.storage.sqlite.Database`` (the embedded default) and
+``vigil.storage.postgres.PostgresDatabase`` both implement: ``query``, ``execute``,
+``transaction`` (yielding a connection-like object with ``execute`` and ``executemany``),
+``after_commit``, ``on_rollback``, ``snapshot`` and ``close``.
 A store writes its SQL once, in the subset both accept:
 
 - ``?`` placeholders (the PostgreSQL side turns them into psycopg's ``%s``);
@@ -160,8 +161,8 @@ class Connection(Protocol):
 
 
 class SqlDatabase(Protocol):
-    """The interface both ``vigil.sqlite.Database`` and ``vigil.postgres.PostgresDatabase``
-    offer (see the module docstring)."""
+    """The interface both ``vigil.storage.sqlite.Database`` and
+    ``vigil.storage.postgres.PostgresDatabase`` offer (see the module docstring)."""
 
     what: str
     dialect: Dialect
@@ -200,19 +201,19 @@ def open_database(target: str | Path, *, what: str, schema: Sequence[str] = (),
     ``schema`` (SQLite spelling, ``CREATE ... IF NOT EXISTS``) is applied on open unless
     ``readonly``; then ``migrations`` of ``component`` (see ``migrate``). ``pool_size``: the
     PostgreSQL connection pool's maximum (SQLite keeps one connection). ``sqlite_options`` go
-    to ``vigil.sqlite.Database`` (``synchronous``, ``check``, ``error``...).
+    to ``vigil.storage.sqlite.Database`` (``synchronous``, ``check``, ``error``...).
     Errors are ``StoreError`` naming the file or the URL (password removed).
     """
     db: SqlDatabase
     if is_postgres_url(target):
-        from vigil.postgres import PostgresDatabase
+        from vigil.storage.postgres import PostgresDatabase
 
         db = PostgresDatabase(str(target), what=what, schema=schema, readonly=readonly,
                               max_size=pool_size)
     else:
         import sqlite3
 
-        from vigil.sqlite import Database
+        from vigil.storage.sqlite import Database
 
         if sqlite3.sqlite_version_info < MIN_SQLITE:
             from vigil.errors import StoreError

@@ -1,8 +1,7 @@
-"""The gateway's per-request records: written by the gateway, read by the engine.
-
-They live in the gateway's database (``[gateway] database``: a PostgreSQL URL that several
-gateway instances share, else the SQLite file ``records_path``), through
-``vigil.database.open_database``; the SQL is written once for both.
+"""The gateway's request log, written: ``RecordWriter`` keeps every finished request's record
+(``vigil.storage.gateway_records``) in the gateway's database, beside the batch queue
+(``batch_store``) and the shared cache entries (``serving.cache.shared``); the engine reads
+them back through ``slo.sources.request_log``.
 
 ``RecordWriter`` takes finished requests into a bounded buffer in memory (``put`` never blocks
 or does I/O: it is on the request path) and a writer thread inserts them in batches, so a slow
@@ -13,151 +12,58 @@ be written now (``StoreUnavailable``: the server is down or restarting; an SQLit
 or full) is kept and retried with backoff until it is; the insert skips ids already stored
 (``ON CONFLICT (id) DO NOTHING``), so a retry of a batch that did reach the database before the
 connection broke stores each record once. A batch the database refuses for what it holds is
-split until the rows it refuses are alone: those are dropped, logged with their ids and the
-reason, and counted in ``rejected``; the others are written. Otherwise records are lost only
-when the buffer is full, the oldest first, counted in ``dropped``.
-
-``GatewayRecords`` implements ``slo.sources.protocol.RequestLog`` over the same database: SQLite
-opened read-only per read (the file is in WAL mode, so readers never block the writer, nor the batch
-queue that shares the file), PostgreSQL through one small pool.
-
-The gateway decides what a record says (``serving.gateway.pipeline``); this module only keeps
-them, beside the other stores the engine reads, so that the engine and the dashboard read them
-without depending on the gateway.
-
-One row per request that reached the gateway, including refusals (401, 400, 404, 413, 429) and
-cancellations; see docs/gateway.md for the columns.
+split until the rows it refuses are alone (``vigil.storage.batches``, the policy of every
+store): those are dropped, logged with their ids and the reason, and counted in ``rejected``;
+the others are written. Otherwise records are lost only when the buffer is full, the oldest
+first, counted in ``dropped``.
 """
 
 from __future__ import annotations
 
 import logging
-import re
-import sqlite3
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from vigil.conventions import ERROR_SERVER_CLASSES, GATEWAY_RECORDS_TABLE
-from vigil.database import SqlDatabase, is_postgres_url, open_database, redact_url
-from vigil.errors import StoreError, StoreUnavailable
-from vigil.model import RequestRecord
+from vigil.storage.batches import reason, write_batch
+from vigil.storage.database import SqlDatabase, is_postgres_url, open_database, redact_url
+from vigil.storage.gateway_records import (
+    COLUMNS,
+    COMPONENT,
+    MIGRATIONS,
+    TABLE,
+    WHAT,
+    GatewayRecord,
+    pg_type,
+    to_row,
+)
 
 if TYPE_CHECKING:
-    from vigil.postgres import PgConn
+    from vigil.storage.postgres import PgConn
 
-__all__ = ["GatewayRecord", "GatewayRecords", "RecordWriter"]
+__all__ = ["BATCH_SPACING", "MAX_BATCH", "GatewayRecord", "RecordWriter"]
 
 log = logging.getLogger("vigil.gateway.records")
 
-#: How the records database names itself in errors.
-WHAT = "the gateway records"
-#: The records' name in ``vigil_schema`` (``vigil.database.migrate``).
-COMPONENT = "gateway_records"
 #: Seconds between the starts of two writes at the least (records wait that much longer).
 BATCH_SPACING = 0.1
 #: Records written in one transaction at the most.
 MAX_BATCH = 1000
-#: PostgreSQL connections of a writer or a reader: one is in use at a time; the second lets a
-#: broken connection be replaced without waiting.
+#: PostgreSQL connections of a writer: one is in use at a time; the second lets a broken
+#: connection be replaced without waiting.
 POOL_SIZE = 2
 
-_T = GATEWAY_RECORDS_TABLE
-_SCHEMA = (
-    f"""CREATE TABLE IF NOT EXISTS {_T} (
-    id TEXT PRIMARY KEY,
-    start_s REAL NOT NULL,
-    ts_s REAL NOT NULL,
-    pool TEXT NOT NULL,
-    model TEXT NOT NULL,
-    endpoint TEXT NOT NULL,
-    tenant TEXT NOT NULL,
-    tier TEXT NOT NULL,
-    key_id TEXT NOT NULL,
-    replica TEXT NOT NULL,
-    status INTEGER NOT NULL,
-    stream INTEGER NOT NULL,
-    prompt_tokens INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL,
-    tokens_source TEXT NOT NULL,
-    ttft_s REAL,
-    e2e_s REAL,
-    queue_s REAL NOT NULL,
-    error INTEGER NOT NULL,
-    error_class TEXT NOT NULL,
-    cache_hit TEXT NOT NULL,
-    requested_max_tokens INTEGER,
-    max_tokens INTEGER,
-    max_tokens_decision TEXT NOT NULL,
-    cost_usd REAL,
-    saved_usd REAL,
-    upstream_id TEXT NOT NULL,
-    batch_id TEXT NOT NULL,
-    message TEXT NOT NULL
-)""",
-    f"CREATE INDEX IF NOT EXISTS {_T}_pool_ts ON {_T} (pool, ts_s)",
-)
-
-
-class GatewayRecord(NamedTuple):
-    """One finished request, as stored. Times are Unix seconds, durations seconds, money USD.
-
-    ``ttft_s`` is None without a first token (and for non-streaming requests, whose first token
-    the gateway cannot see); ``e2e_s`` is None for requests that were never served (refused
-    before reaching a replica or the cache). ``error`` is a server-side failure (timeout,
-    upstream 5xx, OOM) — a client cancel and 4xx refusals are not errors.
-    """
-
-    id: str
-    start_s: float
-    ts_s: float
-    pool: str
-    model: str
-    endpoint: str
-    tenant: str
-    tier: str
-    key_id: str
-    replica: str
-    status: int
-    stream: bool
-    prompt_tokens: int
-    completion_tokens: int
-    #: "usage" | "chunks" (streamed content chunks counted, a lower bound) | "unknown"
-    tokens_source: str
-    ttft_s: float | None
-    e2e_s: float | None
-    #: Seconds waited at the gateway's admission (tiers) before going upstream.
-    queue_s: float
-    error: bool
-    error_class: str
-    #: "l1" | "l2" | ""
-    cache_hit: str
-    #: What the client asked (None: nothing), what went upstream and why.
-    requested_max_tokens: int | None
-    max_tokens: int | None
-    max_tokens_decision: str
-    cost_usd: float | None
-    saved_usd: float | None
-    #: The upstream's response id (``chatcmpl-...``), "" when none.
-    upstream_id: str
-    #: The batch this request belongs to ("" for synchronous requests).
-    batch_id: str
-    #: The error message for refusals and failures ("" otherwise), at most 500 characters.
-    message: str
-
-
-_COLUMNS = GatewayRecord._fields
-_COLUMN_LIST = ", ".join(_COLUMNS)
-_SELECT = f"SELECT {_COLUMN_LIST} FROM {_T}"
+_T = TABLE
+_COLUMN_LIST = ", ".join(COLUMNS)
 # A batch retried after a connection broke mid-commit (it may have been written) carries the
 # same records under the same ids: the stored one is kept, so each record is stored once.
 # DO NOTHING, not an upsert: nothing to rewrite, and INSERT ... SELECT with DO UPDATE fails
 # ("cannot affect row a second time") on an id twice in one batch.
-_INSERT = (f"INSERT INTO {_T} ({_COLUMN_LIST}) VALUES ({', '.join('?' for _ in _COLUMNS)}) "
+_INSERT = (f"INSERT INTO {_T} ({_COLUMN_LIST}) VALUES ({', '.join('?' for _ in COLUMNS)}) "
            "ON CONFLICT (id) DO NOTHING")
 #: PostgreSQL: the connection's own staging table. COPY costs one round trip and no parse or
 #: plan per row (a 1,000-row ``executemany`` plans the insert 1,000 times); created once per
@@ -166,37 +72,12 @@ _STAGE = f"{_T}_in"
 _CREATE_STAGE = f"CREATE TEMP TABLE IF NOT EXISTS {_STAGE} (LIKE {_T}) ON COMMIT DELETE ROWS"
 # Binary: the values are not formatted as text and parsed again (twice as fast as text).
 _COPY = f"COPY {_STAGE} ({_COLUMN_LIST}) FROM STDIN (FORMAT BINARY)"
-
-
-def _pg_type(column: str) -> str:
-    """The PostgreSQL type of ``column`` as the schema declares it (``Dialect.ddl``'s)."""
-    found = re.search(rf"^    {column} (TEXT|REAL|INTEGER)\b", _SCHEMA[0], re.MULTILINE)
-    if found is None:
-        raise RuntimeError(f"column {column!r} is not in the records schema")
-    return {"TEXT": "text", "REAL": "double precision", "INTEGER": "bigint"}[found[1]]
-
-
 #: The COPY's binary format needs each column's type.
-_PG_TYPES = [_pg_type(c) for c in _COLUMNS]
+_PG_TYPES = [pg_type(c) for c in COLUMNS]
 _FROM_STAGE = (f"INSERT INTO {_T} ({_COLUMN_LIST}) SELECT {_COLUMN_LIST} FROM {_STAGE} "
                "ON CONFLICT (id) DO NOTHING")
-#: SQLite's primary result codes that mean "the file cannot be written now" (busy, locked,
-#: out of memory, read-only, I/O error, disk full, cannot open): retried, as PostgreSQL's
-#: ``StoreUnavailable`` is. Any other error is about the rows.
-_SQLITE_LATER = frozenset({5, 6, 7, 8, 10, 13, 14})
-#: PostgreSQL SQLSTATEs (or their classes) of refusals that do not depend on the rows: out
-#: of resources (53: disk full, out of memory), a read-only transaction (25006: a standby
-#: after a fail-over), a serialization failure or deadlock (40), a lock or statement timeout
-#: (55P03, 57014). Retried.
-_POSTGRES_LATER = ("53", "25006", "40", "55P03", "57014")
-#: What the driver raises for a value it cannot send (a float in an integer column, an
-#: integer beyond 64 bits): a refusal of that row, as the database's own.
-_CONVERSION_ERRORS = (TypeError, ValueError, OverflowError)
 #: Rejected records named in one log line at the most (the count is always given).
 _LOGGED_IDS = 20
-#: The records' schema steps (append-only). Step 1 is the table as the SQLite-only versions
-#: created it, so their files are adopted unchanged.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA,)
 
 
 class RecordWriter:
@@ -424,47 +305,34 @@ class RecordWriter:
         or rejected), how many were written, the (id, reason) of those rejected, and the
         error that stopped the writing when it is worth retrying (the rest are kept).
 
-        The batch is one transaction. When the database refuses it for what it holds, it is
-        halved, and each half written in a transaction of its own, down to single records:
-        only those the database refuses alone are rejected.
+        The refused-row policy is the storage layer's (``vigil.storage.batches``): a batch
+        the database refuses is halved down to the records it refuses alone.
         """
         done = [False] * len(batch)
         refused: list[tuple[str, str]] = []
         rows: list[tuple[int, tuple[Any, ...]]] = []
         for i, record in enumerate(batch):
             try:
-                rows.append((i, _row(record)))
+                rows.append((i, to_row(record)))
             except Exception as exc:
                 # Not a record the gateway makes: it can never be written.
                 done[i] = True
-                refused.append((_id_of(record), f"cannot be converted: {_reason(exc)}"))
-        written = 0
-        parts = [rows] if rows else []
-        while parts:
-            part = parts.pop()
-            try:
-                self._insert(db, [row for _, row in part])
-            except Exception as exc:
-                if _retry_later(exc):
-                    return done, written, refused, exc
-                if (not isinstance(exc, (StoreError, *_CONVERSION_ERRORS))
-                        and len(part) == len(rows)):
-                    # Neither the database's refusal nor a value the driver cannot send: a
-                    # defect, worth its traceback (once per batch).
-                    log.exception("unexpected error writing %d gateway records", len(part))
-                if len(part) == 1:
-                    done[part[0][0]] = True
-                    refused.append((_id_of(batch[part[0][0]]), _reason(exc)))
-                    continue
-                middle = len(part) // 2
-                parts += (part[middle:], part[:middle])  # the older half first
-                continue
-            for i, _ in part:
-                done[i] = True
-            written += len(part)
-        return done, written, refused, None
+                refused.append((_id_of(record), f"cannot be converted: {reason(exc)}"))
+        outcome = write_batch([row for _, row in rows], lambda part: self._insert(db, part))
+        if outcome.unexpected is not None:
+            # Neither the database's refusal nor a value the driver cannot send: a defect,
+            # worth its traceback (once per batch).
+            log.error("unexpected error writing %d gateway records", len(rows),
+                      exc_info=outcome.unexpected)
+        for k in outcome.written:
+            done[rows[k][0]] = True
+        for k, exc in outcome.refused:
+            done[rows[k][0]] = True
+            refused.append((_id_of(batch[rows[k][0]]), reason(exc)))
+        error = outcome.stopped_by
+        return done, len(outcome.written), refused, error if isinstance(error, Exception) else None
 
-    def _insert(self, db: SqlDatabase, rows: list[tuple[Any, ...]]) -> None:
+    def _insert(self, db: SqlDatabase, rows: Sequence[tuple[Any, ...]]) -> None:
         """Insert ``rows`` in one transaction (ids already stored are skipped)."""
         with db.transaction(doing=f"write {len(rows)} records to") as c:
             if not db.dialect.postgres or len(rows) == 1:
@@ -487,145 +355,6 @@ class RecordWriter:
                 cur.execute(_FROM_STAGE)
 
 
-class GatewayRecords:
-    """The records, read-only: ``slo.sources.protocol.RequestLog`` and a few queries.
-
-    ``target`` is the SQLite file or the PostgreSQL URL. On SQLite each read opens the file and
-    closes it again (a missing file or table means no records yet), so one instance may serve
-    any thread. On PostgreSQL the instance keeps one small pool, opened at the first read and
-    shared by the threads that use it (a missing table means no records yet); ``close`` it.
-    """
-
-    def __init__(self, target: str | Path) -> None:
-        self.target: str | Path = target if is_postgres_url(target) else Path(target)
-        self._lock = threading.Lock()
-        self._pg: SqlDatabase | None = None
-        self._pg_table = False
-
-    def _query(self, sql: str, args: Sequence[Any]) -> list[Any]:
-        if isinstance(self.target, str):
-            db = self._postgres(self.target)
-            return db.query(sql, args) if db is not None else []
-        sqlite = self._open_sqlite(self.target)
-        if sqlite is None:
-            return []
-        try:
-            return sqlite.query(sql, args)
-        finally:
-            sqlite.close()
-
-    def _postgres(self, url: str) -> SqlDatabase | None:
-        """The pool, opened at the first read; None while the table does not exist."""
-        with self._lock:
-            if self._pg is None:
-                self._pg = open_database(url, what=WHAT, readonly=True,
-                                         pool_size=POOL_SIZE)
-            db = self._pg
-            if not self._pg_table:
-                # Tables are not dropped: once there, it is not looked for again.
-                (found,) = db.query("SELECT to_regclass(?) IS NOT NULL", (_T,))
-                self._pg_table = bool(found[0])
-            return db if self._pg_table else None
-
-    @staticmethod
-    def _open_sqlite(path: Path) -> SqlDatabase | None:
-        if not path.exists():
-            return None  # the gateway never ran: no records yet, not an error
-        db = open_database(path, what=WHAT, readonly=True)
-        try:
-            found = db.query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                             (_T,))
-        except BaseException:
-            db.close()
-            raise
-        if not found:
-            db.close()
-            return None  # created by the batch queue alone: no request recorded yet
-        return db
-
-    def close(self) -> None:
-        """Close the PostgreSQL pool, if one was opened (a later read opens it again)."""
-        with self._lock:
-            if self._pg is not None:
-                self._pg.close()
-                self._pg = None
-
-    def __enter__(self) -> GatewayRecords:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def rows(self, pool: str | None, at_s: float, window_s: float) -> list[GatewayRecord]:
-        """Every stored column of the requests (of ``pool``, or all pools when None) that
-        finished in ``(at_s - window_s, at_s]`` (Unix seconds), oldest first."""
-        sql = f"{_SELECT} WHERE ts_s > ? AND ts_s <= ?"
-        args: list[Any] = [at_s - window_s, at_s]
-        if pool is not None:
-            sql += " AND pool = ?"
-            args.append(pool)
-        # The id breaks ties, so that both databases return the same order.
-        return [_record(row) for row in self._query(sql + " ORDER BY ts_s, id", args)]
-
-    def get(self, request_id: str) -> GatewayRecord | None:
-        """The record of one request (by the ``X-Vigil-Request-Id`` the client got)."""
-        found = self._query(f"{_SELECT} WHERE id = ?", (request_id,))
-        return _record(found[0]) if found else None
-
-    def records(self, pool: str, at_s: float, window_s: float) -> Iterable[RequestRecord]:
-        """``slo.sources.protocol.RequestLog``: the pool's requests that finished in
-        ``(at_s - window_s, at_s]`` (Unix seconds)."""
-        return [RequestRecord(
-            id=r.id, ts_s=r.ts_s, pool=r.pool, model=r.model, endpoint=r.endpoint,
-            prompt_tokens=r.prompt_tokens, generated_tokens=r.completion_tokens,
-            ttft_s=r.ttft_s, e2e_s=r.e2e_s, error=r.error_class in ERROR_SERVER_CLASSES,
-            tenant=r.tenant, tier=r.tier, error_class=r.error_class, cache_hit=r.cache_hit,
-            cost_usd=r.cost_usd, saved_usd=r.saved_usd, tokens_source=r.tokens_source,
-            status=r.status)
-            for r in self.rows(pool, at_s, window_s)]
-
-
-_STREAM, _ERROR = _COLUMNS.index("stream"), _COLUMNS.index("error")
-
-
-def _row(record: GatewayRecord) -> tuple[Any, ...]:
-    """``record`` as inserted: the flags as 0/1 (PostgreSQL's BIGINT column refuses a bool),
-    NUL characters in text as U+FFFD.
-
-    PostgreSQL's text cannot hold NUL (psycopg refuses it before sending, in a statement or
-    a COPY); SQLite can. Replacing it on both keeps a record that quotes a client's NUL (a
-    model name, an error message) instead of refusing it, and reads it back the same from
-    either database.
-    """
-    values: list[Any] = list(record)
-    if len(values) != len(_COLUMNS):
-        raise TypeError(f"a record has {len(_COLUMNS)} fields, got {len(values)}")
-    for i, value in enumerate(values):
-        if isinstance(value, str) and "\x00" in value:
-            values[i] = value.replace("\x00", "\ufffd")
-    values[_STREAM] = int(record.stream)
-    values[_ERROR] = int(record.error)
-    return tuple(values)
-
-
-def _retry_later(exc: BaseException) -> bool:
-    """Whether ``exc`` (from writing a batch) says the database cannot be written now, so
-    the same batch is worth retrying, rather than that it refuses these rows."""
-    if isinstance(exc, StoreUnavailable):
-        return True
-    if not isinstance(exc, StoreError):
-        return False
-    # The stores raise their StoreError from the driver's exception: its code tells.
-    cause = exc.__cause__ or exc.__context__
-    if isinstance(cause, sqlite3.Error):
-        code = getattr(cause, "sqlite_errorcode", None)
-        if code is not None:
-            return code & 0xFF in _SQLITE_LATER
-        return "locked" in str(cause) or "busy" in str(cause)
-    state = getattr(cause, "sqlstate", None)
-    return isinstance(state, str) and state.startswith(_POSTGRES_LATER)
-
-
 def _id_of(record: object) -> str:
     try:
         return repr(cast(GatewayRecord, record).id)
@@ -633,24 +362,13 @@ def _id_of(record: object) -> str:
         return f"<not a record: {type(record).__name__}>"
 
 
-def _reason(exc: BaseException) -> str:
-    return str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
-
-
 def _log_rejected(refused: list[tuple[str, str]]) -> None:
     """One error line per reason (a database's names it), naming up to ``_LOGGED_IDS`` of
     its records."""
     by_reason: dict[str, list[str]] = {}
-    for record_id, reason in refused:
-        by_reason.setdefault(reason, []).append(record_id)
-    for reason, ids in by_reason.items():
+    for record_id, why in refused:
+        by_reason.setdefault(why, []).append(record_id)
+    for why, ids in by_reason.items():
         more = f" and {len(ids) - _LOGGED_IDS} more" if len(ids) > _LOGGED_IDS else ""
         log.error("dropped %d gateway records that cannot be stored (ids %s%s): %s", len(ids),
-                  ", ".join(ids[:_LOGGED_IDS]), more, reason)
-
-
-def _record(row: Sequence[Any]) -> GatewayRecord:
-    values = dict(zip(_COLUMNS, row, strict=True))
-    values["stream"] = bool(values["stream"])
-    values["error"] = bool(values["error"])
-    return GatewayRecord(**values)
+                  ", ".join(ids[:_LOGGED_IDS]), more, why)

@@ -1,7 +1,8 @@
 """The PostgreSQL side of Vigil's storage layer: several processes share one database.
 
-``PostgresDatabase`` offers what ``vigil.sqlite.Database`` offers (``vigil.database``'s
-``SqlDatabase``), so a store runs the same SQL on either. What differs underneath:
+``PostgresDatabase`` offers what ``vigil.storage.sqlite.Database`` offers
+(``vigil.storage.database``'s ``SqlDatabase``), so a store runs the same SQL on either. What
+differs underneath:
 
 - a pool of connections (``psycopg_pool``), each in autocommit mode between transactions,
   instead of one connection behind a lock: threads run their statements concurrently, and a
@@ -33,8 +34,15 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from vigil.database import POSTGRESQL, SCHEMA_TABLE, Dialect, lock_key, redact_url, url_password
 from vigil.errors import ExtraMissingError, StoreError, StoreUnavailable
+from vigil.storage.database import (
+    POSTGRESQL,
+    SCHEMA_TABLE,
+    Dialect,
+    lock_key,
+    redact_url,
+    url_password,
+)
 
 try:
     import psycopg
@@ -218,7 +226,7 @@ class PostgresDatabase:
     Thread-safe: each thread's transaction runs on a connection of its own.
     """
 
-    #: The SQL dialect (``vigil.database``).
+    #: The SQL dialect (``vigil.storage.database``).
     dialect: Dialect = POSTGRESQL
 
     def __init__(self, url: str, *, what: str, schema: Sequence[str] = (),

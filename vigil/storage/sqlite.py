@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from vigil.database import SQLITE, Dialect
 from vigil.errors import StoreError, VigilError
+from vigil.storage.database import SQLITE, Dialect
 
 __all__ = ["BUSY_TIMEOUT_MS", "Database", "Synchronous"]
 
@@ -128,7 +128,7 @@ class Database:
         return conn
 
     # --- plumbing --------------------------------------------------------------------------
-    #: The SQL dialect (``vigil.database``): stores that also run on PostgreSQL ask it.
+    #: The SQL dialect (``vigil.storage.database``): stores that also run on PostgreSQL ask it.
     dialect: Dialect = SQLITE
 
     @property
