@@ -1,4 +1,5 @@
-"""``vigil rules prometheus`` and ``vigil rules keda``: generated Prometheus and KEDA files.
+"""``vigil rules prometheus``, ``vigil rules keda`` and ``vigil rules grafana``: generated
+Prometheus, KEDA and Grafana files.
 
 Wire it as a subcommand with sub-subcommands::
 
@@ -15,6 +16,11 @@ without ``--out`` it prints the recording and alerting rules as one rule file.
 PodMonitors and PrometheusRules for the Prometheus Operator (``alerts.rules.operator``).
 ``vigil rules keda --config F [--out DIR] [--prometheus-url URL] [--namespace NS]
 [--scale-target NAME] [--signal vllm|vigil]`` writes ``DIR/vigil-keda.yml`` (or prints it).
+``vigil rules grafana --config F [--out DIR] [--format files|operator] [--operator
+sidecar|grafana-operator] [--namespace NS] [--label K=V ...] [--folder NAME]
+[--instance-selector K=V ...]`` writes ``DIR/vigil-slo-overview.json``, ``vigil-slo-detail.json``,
+``vigil-fleet.json`` and ``vigil-cost.json`` (or prints them as one JSON list), or with
+``--format operator`` ``DIR/vigil-grafana-dashboards.yml`` (``alerts.rules.grafana``).
 Notes (SLOs skipped, triggers left out) go to stderr; errors are ``VigilError``s (exit 2 for a
 bad config).
 """
@@ -101,6 +107,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--signal", choices=("vllm", "vigil"), default="vllm",
                    help="vllm: trigger on queue, KV cache and TTFT p95 read from vLLM (default); "
                         "vigil: on vigil serve's desired replicas (Prometheus must scrape it)")
+    p = sub.add_parser(
+        "grafana",
+        help="Grafana dashboards over the rules: SLO overview and detail, fleet, cost",
+        description="Grafana dashboards (JSON model) from the same SLO specs and pools as the "
+                    "rules; their queries read the recording rules of `vigil rules "
+                    "prometheus`, so load those into the Prometheus the dashboards query.",
+    )
+    _common(p)
+    p.add_argument("--format", choices=FORMATS, default=FORMAT_FILES,
+                   help="files: one JSON file per dashboard (default); operator: Kubernetes "
+                        "objects Grafana picks up")
+    g = p.add_argument_group("--format operator", "which objects, and where they go")
+    g.add_argument("--operator", choices=("sidecar", "grafana-operator"), default=None,
+                   help="sidecar: ConfigMaps labelled grafana_dashboard=1 for Grafana's "
+                        "dashboard sidecar (default); grafana-operator: GrafanaDashboard "
+                        "objects")
+    g.add_argument("--namespace", default=None, metavar="NS",
+                   help="namespace of the objects (default: kubectl's current one)")
+    g.add_argument("--label", action="append", default=None, metavar="KEY=VALUE",
+                   help="a metadata label of every object (repeatable)")
+    g.add_argument("--folder", default=None, metavar="NAME",
+                   help="the Grafana folder of the dashboards (default: Vigil)")
+    g.add_argument("--instance-selector", action="append", default=None, metavar="KEY=VALUE",
+                   help="matchLabels of the Grafana instances a GrafanaDashboard is for "
+                        "(repeatable; default: dashboards=grafana)")
 
 
 def _operator_arguments(g: argparse._ArgumentGroup) -> None:
@@ -193,13 +224,46 @@ def _keda(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+#: The options of ``vigil rules grafana --format operator`` alone (argparse dest, flag).
+_GRAFANA_OPERATOR_OPTIONS = (("operator", "--operator"), ("namespace", "--namespace"),
+                             ("label", "--label"), ("folder", "--folder"),
+                             ("instance_selector", "--instance-selector"))
+
+
+def _grafana(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from alerts.rules.grafana import GrafanaOptions, generate_grafana
+    from alerts.rules.operator import parse_label
+    from alerts.rules.pipeline import generate
+    from vigil.config import load_config
+
+    given = {dest: getattr(args, dest) for dest, _ in _GRAFANA_OPERATOR_OPTIONS
+             if getattr(args, dest) is not None}
+    if args.format != FORMAT_OPERATOR and given:
+        flags = [flag for dest, flag in _GRAFANA_OPERATOR_OPTIONS if dest in given]
+        raise ConfigError(f"{', '.join(flags)}: only with --format operator")
+    labels = tuple(parse_label(text) for text in given.pop("label", []))
+    selector = tuple(parse_label(text, "--instance-selector")
+                     for text in given.pop("instance_selector", []))
+    options = GrafanaOptions(format=args.format, labels=labels, **given,
+                             **({"instance_selector": selector} if selector else {}))
+    config = load_config(args.config)
+    result = generate(config)
+    for name, reason in result.validated.skipped:
+        err.write(f"vigil rules grafana: skipped SLO {name}: {reason}\n")
+    output = generate_grafana(result, options)
+    _emit(output.files(), args.out, output.stdout_text(), out)
+    return 0
+
+
 def run(args: argparse.Namespace, *, out: TextIO | None = None,
         err: TextIO | None = None) -> int:
-    """Run ``vigil rules <prometheus|keda>``; returns the exit code."""
+    """Run ``vigil rules <prometheus|keda|grafana>``; returns the exit code."""
     stdout = out if out is not None else sys.stdout
     stderr = err if err is not None else sys.stderr
     if args.rules_command == "prometheus":
         return _prometheus(args, stdout, stderr)
     if args.rules_command == "keda":
         return _keda(args, stdout, stderr)
+    if args.rules_command == "grafana":
+        return _grafana(args, stdout, stderr)
     raise ValueError(f"unknown rules subcommand {args.rules_command!r}")  # argparse prevents it
