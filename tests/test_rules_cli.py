@@ -115,7 +115,7 @@ def test_a_bad_config_is_a_config_error(tmp_path: Path) -> None:
     ["prometheus", "--config", "x", "--interval", "0s"],
     ["prometheus", "--config", "x", "--period-interval", "soon"],
     ["prometheus", "--config", "x", "--format", "helm"],
-    ["grafana", "--config", "x"],
+    ["helm", "--config", "x"],
 ])
 def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:

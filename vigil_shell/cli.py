@@ -37,7 +37,7 @@ COMMANDS = (
                 "targets page", "vigil_shell.targets_cli"),
     ("serve", "collector + SLO evaluation + alerts + /metrics, in one", "vigil_shell.serve"),
     ("alerts", "firing alerts and the notification outbox", "vigil_shell.alerts_cli"),
-    ("rules", "Prometheus recording/alert rules, scrape config and KEDA ScaledObjects",
+    ("rules", "Prometheus rules, scrape config, KEDA objects and Grafana dashboards",
      "vigil_shell.rules_cli"),
     ("sim", "run a simulated vLLM fleet (no GPU needed)", "vigil_shell.sim_cli"),
     ("loadgen", "send a mixed workload to a vLLM-compatible endpoint",

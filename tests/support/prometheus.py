@@ -33,6 +33,7 @@ command that installs it, and fails it under CI.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import shutil
 import signal
@@ -301,12 +302,15 @@ def start_prometheus(prometheus: str, workdir: Path, config_text: str, data_dir:
     return PrometheusServer(process, f"http://127.0.0.1:{port}", workdir, log_path)
 
 
-def _start(prometheus: str, workdir: Path, data_dir: Path) -> PrometheusServer:
+def _start(prometheus: str, workdir: Path, data_dir: Path,
+           rule_files: Sequence[str] = ()) -> PrometheusServer:
     # No scrape jobs: the only data is the blocks we created. Retention is relative to the
     # newest block; it is explicit anyway so that a future default can't drop old test data.
-    return start_prometheus(prometheus, workdir,
-                            "global:\n  evaluation_interval: 1h\nscrape_configs: []\n",
-                            data_dir, "--storage.tsdb.retention.time=100y")
+    rules = "".join(f"- {json.dumps(name)}\n" for name in rule_files)
+    config = ("global:\n  evaluation_interval: 1h\nscrape_configs: []\n"
+              + (f"rule_files:\n{rules}" if rules else ""))
+    return start_prometheus(prometheus, workdir, config, data_dir,
+                            "--storage.tsdb.retention.time=100y")
 
 
 def _check_loaded(server: PrometheusServer, series: Sequence[PromSeries]) -> None:
@@ -324,8 +328,10 @@ def _check_loaded(server: PrometheusServer, series: Sequence[PromSeries]) -> Non
 
 @contextlib.contextmanager
 def run_prometheus(series: Iterable[PromSeries], *, binaries: tuple[str, str] | None = None,
-                   attempts: int = 3) -> Iterator[PrometheusServer]:
+                   attempts: int = 3, rules: Mapping[str, str] | None = None
+                   ) -> Iterator[PrometheusServer]:
     """Load ``series`` into a fresh Prometheus and yield it; always stopped and cleaned up.
+    ``rules``: rule files (name -> text) it loads and evaluates, at their groups' intervals.
 
     Retries start-up (a fresh port each time) in case another process grabbed the port
     between ``free_port`` and Prometheus binding it.
@@ -341,8 +347,10 @@ def run_prometheus(series: Iterable[PromSeries], *, binaries: tuple[str, str] | 
         if write_openmetrics(loaded, om_file) == 0:
             raise ValueError("no samples to load")
         _create_blocks(promtool, om_file, data_dir)
+        for name, text in (rules or {}).items():
+            (workdir / name).write_text(text)
         for attempt in range(1, attempts + 1):
-            server = _start(prometheus, workdir, data_dir)
+            server = _start(prometheus, workdir, data_dir, tuple(rules or ()))
             try:
                 server.wait_ready()
                 break
