@@ -176,5 +176,12 @@ def build_command(cfg: Config, pool_name: str, *, host: str | None = None,
     buckets = histogram_buckets(thresholds["ttft"], thresholds["e2e"])
     if buckets is not None:
         argv += ["--custom-histogram-buckets", _json(buckets)]
+    if v.otlp_traces_endpoint:
+        argv += ["--otlp-traces-endpoint", v.otlp_traces_endpoint]
+        if v.otlp_traces_endpoint.rstrip("/").endswith("/v1/traces"):
+            notes.append(
+                f"otlp_traces_endpoint {v.otlp_traces_endpoint!r} is an OTLP/HTTP path: vLLM "
+                "exports over gRPC unless its environment sets "
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf")
     argv += list(v.extra_args)
     return VllmCommand(argv, notes)

@@ -366,6 +366,54 @@ GATEWAY_LATENCY_BUCKETS = (
 #: The vLLM gauges the gateway polls on every replica (``/metrics?name[]=...``).
 GATEWAY_POLLED_SERIES = (VLLM_KV_CACHE_USAGE, VLLM_REQUESTS_WAITING, VLLM_REQUESTS_RUNNING)
 
+# --- OpenTelemetry GenAI (serving/gateway/otel.py: `[gateway.otel]`) --------------------------
+# The GenAI semantic conventions (open-telemetry/semantic-conventions-genai,
+# docs/gen-ai/gen-ai-metrics.md and gen-ai-spans.md; status Development).
+#: Model-server metrics (histograms, seconds) and the token usage (histogram, {token}).
+OTEL_SERVER_REQUEST_DURATION = "gen_ai.server.request.duration"
+OTEL_SERVER_TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token"
+OTEL_SERVER_TIME_PER_OUTPUT_TOKEN = "gen_ai.server.time_per_output_token"
+OTEL_TOKEN_USAGE = "gen_ai.client.token.usage"
+#: The advised explicit bucket boundaries of each.
+OTEL_REQUEST_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12,
+                                 10.24, 20.48, 40.96, 81.92)
+OTEL_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                     2.5, 5.0, 7.5, 10.0)
+OTEL_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+OTEL_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
+                      16777216, 67108864)
+#: Attributes.
+OTEL_OPERATION = "gen_ai.operation.name"
+OTEL_PROVIDER = "gen_ai.provider.name"
+OTEL_REQUEST_MODEL = "gen_ai.request.model"
+OTEL_RESPONSE_MODEL = "gen_ai.response.model"
+OTEL_RESPONSE_ID = "gen_ai.response.id"
+OTEL_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+OTEL_REQUEST_STREAM = "gen_ai.request.stream"
+OTEL_TOKEN_TYPE = "gen_ai.token.type"
+OTEL_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+OTEL_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+OTEL_ERROR_TYPE = "error.type"
+OTEL_SERVER_ADDRESS = "server.address"
+OTEL_SERVER_PORT = "server.port"
+OTEL_HTTP_STATUS = "http.response.status_code"
+#: gen_ai.operation.name of each gateway endpoint (the conventions' well-known values).
+OTEL_OPERATIONS = {ENDPOINT_CHAT: "chat", ENDPOINT_COMPLETIONS: "text_completion",
+                   ENDPOINT_EMBEDDINGS: "embeddings"}
+#: gen_ai.provider.name: vLLM is not among the well-known values, which allow a custom one.
+OTEL_PROVIDER_VLLM = "vllm"
+#: Vigil's own attributes of a request span (and of the metrics: low cardinality).
+OTEL_VIGIL_POOL = "vigil.pool"
+OTEL_VIGIL_TIER = "vigil.tier"
+OTEL_VIGIL_CACHE = "vigil.cache.hit"
+OTEL_VIGIL_REPLICA = "vigil.replica"
+OTEL_VIGIL_REQUEST_ID = "vigil.request.id"
+OTEL_VIGIL_QUEUE = "vigil.queue.seconds"
+#: OTLP/HTTP paths under [gateway.otel] endpoint.
+OTEL_TRACES_PATH = "/v1/traces"
+OTEL_METRICS_PATH = "/v1/metrics"
+
+
 # --- Gateway batch queue (serving/gateway/batch*.py: the OpenAI batches API) ----------------
 #: SQLite tables in the gateway's records database (``[gateway] records_path``).
 BATCH_TABLE_FILES = "batch_files"

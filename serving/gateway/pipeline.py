@@ -50,6 +50,7 @@ from serving.gateway.errors import (
     upstream_5xx_class,
 )
 from serving.gateway.metrics import GatewayMetrics
+from serving.gateway.otel import GatewayTelemetry
 from serving.gateway.policy import MaxTokens, apply_max_tokens
 from serving.gateway.proxy import Charge, Forwarder, OpenStream, UpstreamReply, error_message
 from serving.gateway.records import RecordWriter
@@ -132,6 +133,8 @@ class Call:
     responded: bool = False
     #: The record is queued (exactly one per request).
     recorded: bool = False
+    #: Its OpenTelemetry span ([gateway.otel]), ended with the record.
+    span: Any = None
 
     @property
     def tier(self) -> str:
@@ -207,6 +210,8 @@ class Gateway:
         self.forwarder = Forwarder(self.upstreams, read_timeout=gw.read_timeout,
                                    retry_after=self.admission.retry_after)
         self.records = RecordWriter(cfg.gateway_database(), max_queue=gw.records_buffer)
+        self.otel = (GatewayTelemetry(gw.otel, server_address=gw.host, server_port=gw.port)
+                     if gw.otel.enabled else None)
         self.cache = CacheBridge(gw.cache, clock=clock, cache=cache,
                                  database=cfg.gateway_database())
         #: The batch queue's depth per pool (set by the app when the queue runs).
@@ -247,6 +252,8 @@ class Gateway:
         await self.cache.aclose()
         await self.upstreams.aclose()
         await asyncio.to_thread(self.records.close)  # waits up to 10 s for the last writes
+        if self.otel is not None:
+            await asyncio.to_thread(self.otel.shutdown)
 
     def pool_of_model(self, model: str) -> str | None:
         """The pool serving ``model``, or None."""
@@ -274,6 +281,8 @@ class Gateway:
         call = Call(id=new_request_id(), endpoint=endpoint,
                     start_s=self._clock(), t0=time.perf_counter())
         headers = scope["headers"]
+        if self.otel is not None:
+            call.span = self.otel.begin(headers)
         try:
             raw = await read_body(receive, header(headers, b"content-length"),
                                   self.cfg.gateway.max_body_bytes)
@@ -353,11 +362,16 @@ class Gateway:
         path = ENDPOINT_PATHS[call.endpoint]
         premium = call.tier == "premium"
         prompt = self.forwarder.prompt_of(call.endpoint, body)  # prefix-aware routing's key
+        trace = self._trace_headers(call)
         if not call.stream:
             return await self.forwarder.unary(call.pool, path, payload, premium=premium,
-                                              charge=call.charge, prompt=prompt)
+                                              charge=call.charge, prompt=prompt, trace=trace)
         return await self.forwarder.open(call.pool, path, payload, premium=premium,
-                                         charge=call.charge, prompt=prompt)
+                                         charge=call.charge, prompt=prompt, trace=trace)
+
+    def _trace_headers(self, call: Call) -> bytes:
+        """``traceparent`` for the replica ([gateway.otel] propagate), else b""."""
+        return self.otel.upstream_headers(call.span) if self.otel is not None else b""
 
     def _payload(self, call: Call, body: dict[str, Any]) -> bytes:
         """The upstream body: the client's after the policy, the tier's priority, usage asked
@@ -382,6 +396,8 @@ class Gateway:
         call = Call(id=new_request_id(), endpoint=item.endpoint,
                     start_s=self._clock(), t0=time.perf_counter(), caller=item.caller,
                     batch_id=item.batch_id)
+        if self.otel is not None:
+            call.span = self.otel.begin()
         try:
             body = dict(item.body)
             body["stream"] = False  # a batch result is one JSON body
@@ -394,7 +410,8 @@ class Gateway:
             reply = await self.forwarder.unary(call.pool, ENDPOINT_PATHS[call.endpoint],
                                                self._payload(call, incoming.body),
                                                charge=call.charge, prompt=self.forwarder
-                                               .prompt_of(item.endpoint, incoming.body))
+                                               .prompt_of(item.endpoint, incoming.body),
+                                               trace=self._trace_headers(call))
         except GatewayError as exc:
             self._record_refusal(call, exc)
             return exc.status, error_body(exc)
@@ -618,7 +635,7 @@ class Gateway:
         caller = call.caller
         mt = call.max_tokens
         call.recorded = True
-        self.records.put(GatewayRecord(
+        record = GatewayRecord(
             id=call.id, start_s=call.start_s, ts_s=self._clock(), pool=pool,
             model=call.model[:200], endpoint=call.endpoint,
             tenant=caller.tenant if caller else "", tier=tier,
@@ -631,5 +648,8 @@ class Gateway:
             requested_max_tokens=_int64(call.requested_max_tokens),
             max_tokens=mt.value if mt else None, max_tokens_decision=mt.decision if mt else "",
             cost_usd=0.0 if cache_hit else cost, saved_usd=saved_usd,
-            upstream_id=upstream_id, batch_id=call.batch_id, message=message[:_MESSAGE_CHARS]))
+            upstream_id=upstream_id, batch_id=call.batch_id, message=message[:_MESSAGE_CHARS])
+        self.records.put(record)
+        if self.otel is not None:
+            self.otel.finish(call.span, record)
         return cost

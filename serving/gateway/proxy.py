@@ -182,7 +182,7 @@ class Forwarder:
         return failure(replica.name, exc, self._read_timeout)
 
     async def _send(self, pool: str, path: str, payload: bytes, *, premium: bool,
-                    charge: Charge, prompt: PromptKey | None, stream: bool
+                    charge: Charge, prompt: PromptKey | None, stream: bool, trace: bytes = b""
                     ) -> tuple[Replica, Response, float]:
         """Send on the routed replica, or on another one if it cannot be reached; the replica,
         the response with its body unread, and the ledger mark (left by the caller).
@@ -204,7 +204,7 @@ class Forwarder:
             mark = replica.ledger.enter()
             try:
                 # Cancelled before the answer's head, the connection is closed (post's own).
-                response = await connections.post(path, payload)
+                response = await connections.post(path, payload, extra=trace)
                 return replica, response, mark
             except ConnectFailed as exc:
                 charge.fail()
@@ -240,21 +240,25 @@ class Forwarder:
         return _reply(replica, response.status, content)
 
     async def unary(self, pool: str, path: str, payload: bytes, *, premium: bool = False,
-                    charge: Charge, prompt: PromptKey | None = None) -> UpstreamReply:
+                    charge: Charge, prompt: PromptKey | None = None, trace: bytes = b""
+                    ) -> UpstreamReply:
         """POST ``payload`` to ``path`` on a replica of ``pool``; the complete answer.
-        ``prompt``: what prefix-aware routing routes by (``prompt_of``)."""
+        ``prompt``: what prefix-aware routing routes by (``prompt_of``); ``trace``: header
+        lines sent with it (``traceparent``)."""
         replica, response, mark = await self._send(pool, path, payload, premium=premium,
-                                                   charge=charge, prompt=prompt, stream=False)
+                                                   charge=charge, prompt=prompt, stream=False,
+                                                   trace=trace)
         return await self._complete(replica, response, mark, charge)
 
     async def open(self, pool: str, path: str, payload: bytes, *, premium: bool = False,
-                   charge: Charge, prompt: PromptKey | None = None
+                   charge: Charge, prompt: PromptKey | None = None, trace: bytes = b""
                    ) -> OpenStream | UpstreamReply:
         """POST a streaming request: the open stream on a 200 event stream, else the complete
         answer (an error, or garbage raised as ``UpstreamFailure``). ``prompt`` as for
         ``unary``."""
         replica, response, mark = await self._send(pool, path, payload, premium=premium,
-                                                   charge=charge, prompt=prompt, stream=True)
+                                                   charge=charge, prompt=prompt, stream=True,
+                                                   trace=trace)
         if response.status == 200 and (response.header(b"content-type") or "").startswith(
                 "text/event-stream"):
             sent = charge.sent

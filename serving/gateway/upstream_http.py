@@ -462,16 +462,18 @@ class ReplicaConnections:
         if found is None:
             target = self._prefix + path.encode()
             found = self._heads[path] = (target, b"POST " + target + b" HTTP/1.1\r\n"
-                                         + self._fixed_head + b"content-length: ")
+                                         + self._fixed_head)
         return found
 
-    async def post(self, path: str, body: bytes) -> Response:
+    async def post(self, path: str, body: bytes, *, extra: bytes = b"") -> Response:
         """POST ``body`` to ``path``; the response once its head arrived (read its body, then
-        ``close()`` it). Cancelled before that, the connection is closed."""
+        ``close()`` it). Cancelled before that, the connection is closed. ``extra``: header
+        lines of this request alone (``name: value\r\n`` each, e.g. ``traceparent``)."""
         conn = self._take() or await self._connect()
         target, head = self._head(path)
         length = str(len(body)).encode()
-        response = conn.send(head + length + b"\r\n\r\n", body, target, self._headers)
+        response = conn.send(head + extra + b"content-length: " + length + b"\r\n\r\n", body,
+                             target, self._headers)
         try:
             await response.wait_head()
         except BaseException:

@@ -344,6 +344,9 @@ def server_env(cpu_bind: str | None = None) -> dict[str, str]:
            # POST /reset_prefix_cache, so that a test compares two routing modes on the same
            # requests from a cold cache; it adds development routes only.
            "VLLM_SERVER_DEV_MODE": "1",
+           # A server given --otlp-traces-endpoint exports its spans over OTLP/HTTP, which
+           # the tests' receiver speaks (vLLM's default is gRPC).
+           "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
            "PYTHONUNBUFFERED": "1"}
     if cpu_bind is not None:
         # Which cores the engine's OpenMP threads run on; two servers on two cores take one
@@ -413,6 +416,13 @@ class _Fleet:
                 pytest.fail(self.failures[name], pytrace=False)
             self.servers[name] = server
             return server
+
+    def stop(self, name: str) -> None:
+        """Stop the server ``name`` now (one a module started for itself), if running."""
+        with self.lock:
+            server = self.servers.pop(name, None)
+        if server is not None:
+            server.stop()
 
     def close(self) -> None:
         with self.lock:

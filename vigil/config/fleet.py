@@ -84,6 +84,11 @@ class VllmProfileConfig(Section):
     #: gateway sets the 512 default itself, so keep this >= the largest tier cap if callers
     #: may ask for more (``vigil vllm-args`` warns otherwise).
     max_new_tokens: int = Field(default=512, ge=1)
+    #: Where vLLM sends its OpenTelemetry spans (``--otlp-traces-endpoint``; "" = none): its
+    #: ``llm_request`` span per request joins the gateway's trace ([gateway.otel]). vLLM
+    #: speaks OTLP over gRPC unless its environment sets
+    #: ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`` (an ``http://.../v1/traces`` URL).
+    otlp_traces_endpoint: str = ""
     #: Extra arguments appended verbatim.
     extra_args: list[str] = []
 

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import (
     Field,
     field_validator,
+    model_validator,
 )
 
 from vigil.config.base import Duration, Ratio, Section, check_http_url
@@ -96,6 +97,36 @@ class CacheConfig(Section):
         return v if v == "local" else check_http_url(v).rstrip("/")
 
 
+class OtelConfig(Section):
+    """OpenTelemetry from the gateway (``[gateway.otel]``, off by default): the GenAI semantic
+    conventions' server metrics and a span per request, over OTLP/HTTP (protobuf), and W3C
+    trace context passed to the replicas so that vLLM's own ``llm_request`` span (vLLM started
+    with ``--otlp-traces-endpoint``) joins the request's trace."""
+
+    enabled: bool = False
+    #: The OTLP/HTTP base URL of a collector (``http://otel-collector:4318``): spans go to
+    #: ``<endpoint>/v1/traces``, metrics to ``<endpoint>/v1/metrics``.
+    endpoint: str = ""
+    traces: bool = True
+    metrics: bool = True
+    #: Send ``traceparent`` (and ``tracestate``) to the replicas.
+    propagate: bool = True
+    #: How often the metrics are exported (seconds).
+    export_interval: Duration = Field(default=15.0, gt=0)
+    #: The ``service.name`` resource attribute.
+    service_name: str = Field(default="vigil-gateway", min_length=1)
+    #: Extra HTTP headers of every export (a collector's API key, a tenant).
+    headers: dict[str, str] = {}
+    #: Spans held for export; beyond this many new ones are dropped (the request path never
+    #: waits for the exporter).
+    max_queue: int = Field(default=2048, ge=1)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        return check_http_url(v).rstrip("/") if v else v
+
+
 class GatewayConfig(Section):
     """The OpenAI-compatible gateway in front of the pools' vLLM replicas."""
 
@@ -134,6 +165,14 @@ class GatewayConfig(Section):
     tiers: TiersConfig = Field(default_factory=lambda: TiersConfig())
     batch: BatchConfig = BatchConfig()
     cache: CacheConfig = CacheConfig()
+    otel: OtelConfig = OtelConfig()
+
+    @model_validator(mode="after")
+    def _otel_endpoint(self) -> GatewayConfig:
+        if self.otel.enabled and not self.otel.endpoint:
+            raise ValueError("[gateway.otel] enabled needs an endpoint (the collector's "
+                             "OTLP/HTTP base URL, e.g. http://127.0.0.1:4318)")
+        return self
 
     @property
     def host(self) -> str:

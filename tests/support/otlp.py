@@ -1,0 +1,154 @@
+"""An OTLP/HTTP receiver on loopback: what an OpenTelemetry collector gets from the gateway (and
+from vLLM), decoded with OpenTelemetry's own protobuf classes (``opentelemetry-proto``).
+
+``POST /v1/traces`` and ``POST /v1/metrics`` (protobuf, gzip or not) are answered 200 with an
+empty export response; spans and metric points are kept, flattened (``Span``, ``Point``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from support.loopback import Answer, LoopbackServer, Request
+
+__all__ = ["OtlpReceiver", "Point", "Span", "otlp_receiver"]
+
+
+def _value(v: AnyValue) -> Any:
+    kind = v.WhichOneof("value")
+    return None if kind is None else getattr(v, kind)
+
+
+def _attributes(kvs: Any) -> dict[str, Any]:
+    return {kv.key: _value(kv.value) for kv in kvs if isinstance(kv, KeyValue)}
+
+
+@dataclass(frozen=True)
+class Span:
+    name: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    #: The protobuf's enum: 1 internal, 2 server, 3 client.
+    kind: int
+    attributes: dict[str, Any]
+    #: 0 unset, 1 ok, 2 error.
+    status: int
+    resource: dict[str, Any]
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True)
+class Point:
+    """One histogram data point of an exported metric."""
+
+    metric: str
+    unit: str
+    attributes: dict[str, Any]
+    count: int
+    sum: float
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    resource: dict[str, Any]
+
+
+@dataclass
+class OtlpReceiver:
+    server: LoopbackServer
+    spans: list[Span] = field(default_factory=list)
+    points: list[Point] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def url(self) -> str:
+        """The base URL (``[gateway.otel] endpoint``)."""
+        return self.server.url
+
+    def spans_named(self, prefix: str) -> list[Span]:
+        with self.lock:
+            return [s for s in self.spans if s.name.startswith(prefix)]
+
+    def latest_points(self, metric: str) -> list[Point]:
+        """The points of ``metric`` in the last export that carried it (cumulative
+        temporality: each export repeats every series so far)."""
+        with self.lock:
+            found = [p for p in self.points if p.metric == metric]
+        if not found:
+            return []
+        # Points of one export arrive together; the last len(series) of them are the latest.
+        keys: dict[tuple[tuple[str, Any], ...], Point] = {}
+        for p in found:
+            keys[tuple(sorted(p.attributes.items()))] = p
+        return list(keys.values())
+
+    def respond(self, req: Request) -> Answer:
+        body = req.body
+        if req.headers.get("content-encoding") == "gzip":
+            body = gzip.decompress(body)
+        if req.path == "/v1/traces":
+            self._traces(body)
+            return 200, "application/x-protobuf", ExportTraceServiceResponse().SerializeToString()
+        if req.path == "/v1/metrics":
+            self._metrics(body)
+            return (200, "application/x-protobuf",
+                    ExportMetricsServiceResponse().SerializeToString())
+        return 404, "text/plain", b"not an OTLP path"
+
+    def _traces(self, body: bytes) -> None:
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        out = []
+        for rs in request.resource_spans:
+            resource = _attributes(rs.resource.attributes)
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    out.append(Span(name=s.name, trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
+                                    parent_span_id=s.parent_span_id.hex(), kind=s.kind,
+                                    attributes=_attributes(s.attributes), status=s.status.code,
+                                    resource=resource, start_ns=s.start_time_unix_nano,
+                                    end_ns=s.end_time_unix_nano))
+        with self.lock:
+            self.spans += out
+
+    def _metrics(self, body: bytes) -> None:
+        request = ExportMetricsServiceRequest()
+        request.ParseFromString(body)
+        out = []
+        for rm in request.resource_metrics:
+            resource = _attributes(rm.resource.attributes)
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    if m.WhichOneof("data") != "histogram":
+                        continue
+                    for dp in m.histogram.data_points:
+                        out.append(Point(metric=m.name, unit=m.unit,
+                                         attributes=_attributes(dp.attributes), count=dp.count,
+                                         sum=dp.sum, bounds=tuple(dp.explicit_bounds),
+                                         counts=tuple(dp.bucket_counts), resource=resource))
+        with self.lock:
+            self.points += out
+
+
+@contextmanager
+def otlp_receiver() -> Iterator[OtlpReceiver]:
+    """A started receiver; closed when the block ends."""
+    receiver = OtlpReceiver(LoopbackServer())
+    receiver.server.respond = receiver.respond
+    with receiver.server:
+        yield receiver
