@@ -15,7 +15,10 @@ Legs: ``direct`` (the upstream itself), ``after`` (this tree's gateway), ``befor
 of the source tree ``--baseline DIR``, e.g. ``git archive <commit> | tar -x -C DIR``, run as it
 ran there: uvloop and httptools hidden, which uvicorn would otherwise pick up by itself),
 ``before-fast`` (the same with them), ``after-plain`` (this tree without uvloop and httptools:
-what the gateway costs without the optional speed-ups). All gateways start at once; an idle one
+what the gateway costs without the optional speed-ups), ``after-otel`` (this tree with
+``[gateway.otel]`` on, exporting every span and, each second, the metrics to a real collector,
+rotel, that drops them) and ``after-otel-dead`` (the same with the collector's port closed: what
+an unreachable collector costs the request path). All gateways start at once; an idle one
 only polls the upstream every 2 s.
 
 Which upstream and why: neither the simulator nor a uvicorn/starlette app, but a raw asyncio
@@ -52,6 +55,7 @@ import json
 import os
 import platform
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -233,8 +237,11 @@ _LAUNCH = ("import sys\n"
            "sys.exit(main(sys.argv[2:]))\n")
 
 
-def gateway_config(tmp: Path, name: str, upstream: str, port: int) -> Path:
+def gateway_config(tmp: Path, name: str, upstream: str, port: int, otel: str = "") -> Path:
+    """The leg's config; ``otel``: the [gateway.otel] endpoint ("" = off)."""
     path = tmp / f"vigil-{name}.toml"
+    otel_table = (f'\n[gateway.otel]\nenabled = true\nendpoint = "{otel}"\n'
+                  'export_interval = "1s"\n' if otel else "")
     path.write_text(f"""
 [[pools]]
 name = "bench"
@@ -253,8 +260,41 @@ records_path = "{tmp / f'records-{name}.db'}"
 sha256 = "{hashlib.sha256(KEY.encode()).hexdigest()}"
 tenant = "bench"
 tier = "premium"
-""")
+{otel_table}""")
     return path
+
+
+#: The legs that run this tree with [gateway.otel] on.
+OTEL_LEGS = ("after-otel", "after-otel-dead")
+
+
+@contextlib.contextmanager
+def rotel_blackhole(tmp: Path) -> Iterator[str]:
+    """A rotel collector (the ``rotel`` wheel, a dev dependency) on loopback that accepts
+    OTLP/HTTP and drops it; yields its base URL."""
+    import rotel
+
+    agent = Path(rotel.__file__).parent / "rotel-agent"
+    http_port, grpc_port = free_port(), free_port()
+    with (tmp / "rotel.log").open("wb") as out:
+        proc = subprocess.Popen(
+            [str(agent), "start", "--otlp-http-endpoint", f"127.0.0.1:{http_port}",
+             "--otlp-grpc-endpoint", f"127.0.0.1:{grpc_port}", "--exporter", "blackhole",
+             "--pid-file", str(tmp / "rotel.pid"), "--log-file", str(tmp / "rotel-agent.log")],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(
+                    ("127.0.0.1", http_port), timeout=0.2):
+                break
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise SystemExit(f"rotel did not start: {(tmp / 'rotel.log').read_text()}")
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{http_port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 # --- the load ----------------------------------------------------------------------------------
@@ -529,7 +569,7 @@ def gateway_legs(names: list[str], baseline: Path | None) -> list[Gateway]:
             raise SystemExit(f"leg {name!r} needs --baseline DIR")
         source = baseline if name.startswith("before") and baseline is not None else ROOT
         hidden = SPEEDUPS if name in ("before", "after-plain") else ()
-        if name not in ("before", "before-fast", "after", "after-plain"):
+        if name not in ("before", "before-fast", "after", "after-plain", *OTEL_LEGS):
             raise SystemExit(f"unknown leg {name!r}")
         legs.append(Gateway(name, source, hidden))
     return legs
@@ -649,7 +689,8 @@ def main() -> int:
     p.add_argument("--streams", default="1,50,200",
                    help="concurrent streams, comma-separated (1: the uncontended cost)")
     p.add_argument("--legs", default=None,
-                   help="comma-separated: direct, before, before-fast, after, after-plain "
+                   help="comma-separated: direct, before, before-fast, after, after-plain, "
+                        "after-otel, after-otel-dead "
                         "(default: direct,before,after with --baseline, else direct,after)")
     p.add_argument("--baseline", type=Path, default=None, metavar="DIR",
                    help="source tree of the gateway to compare against (legs before*)")
@@ -702,10 +743,14 @@ def main() -> int:
             [sys.executable, __file__, "--serve-upstream", str(up_port), "--tokens",
              str(args.tokens), "--interval", str(args.interval), "--ttft", str(args.ttft)],
             f"{upstream}/health", tmp, tmp / "upstream.log"))
+        collector = (stack.enter_context(rotel_blackhole(tmp))
+                     if "after-otel" in legs else "")
         for g in gateways:
             port = free_port()
             g.url = f"http://127.0.0.1:{port}"
-            config = gateway_config(tmp, g.name, upstream, port)
+            otel = {"after-otel": collector,
+                    "after-otel-dead": f"http://127.0.0.1:{free_port()}"}.get(g.name, "")
+            config = gateway_config(tmp, g.name, upstream, port, otel)
             g.proc = stack.enter_context(process(
                 [sys.executable, "-c", _LAUNCH, ",".join(g.hidden), "gateway", "--config",
                  str(config)], f"{g.url}/health", tmp, tmp / f"{g.name}.log",

@@ -1,5 +1,7 @@
-"""``[gateway.otel]``: the gateway's GenAI spans and metrics, received by a real OTLP/HTTP
-endpoint on loopback and decoded with OpenTelemetry's own protobuf classes; W3C trace context
+"""``[gateway.otel]``: the gateway's GenAI spans and metrics sent to a real OpenTelemetry
+collector on loopback (rotel, from PyPI), which passes them on to an OTLP/HTTP endpoint that
+decodes them with OpenTelemetry's own protobuf classes: names, units, bucket boundaries,
+attributes and span names are checked on what the collector passed on. W3C trace context is
 sent to the replica, and taken from the client. (vLLM's own span joining the trace is
 ``tests/test_real_vllm_otel.py``.)"""
 
@@ -21,7 +23,7 @@ from support.gateway import (
     scripted_upstream,
 )
 from support.loopback import LoopbackServer, wait_for
-from support.otlp import OtlpReceiver, otlp_receiver
+from support.otlp import OtlpReceiver, Point, Span, otlp_receiver, rotel_collector
 
 from serving.gateway.upstream_http import ReplicaConnections
 from serving.sim.testing import FleetHandle, running_fleet
@@ -46,9 +48,9 @@ def fleet() -> Iterator[FleetHandle]:
 
 @pytest.fixture
 def traced(fleet: FleetHandle, tmp_path: Path) -> Iterator[tuple[GatewayHandle, OtlpReceiver]]:
-    with otlp_receiver() as receiver:
+    with otlp_receiver() as receiver, rotel_collector(receiver, tmp_path) as collector:
         cfg = gateway_config(tmp_path, fleet.base_urls, gateway={"otel": {
-            "enabled": True, "endpoint": receiver.url, "export_interval": "1h",
+            "enabled": True, "endpoint": collector, "export_interval": "1h",
             "service_name": "gw-test"}})
         with running_gateway(cfg) as gw:
             yield gw, receiver
@@ -58,6 +60,24 @@ def _flush(gw: GatewayHandle) -> None:
     otel = gw.gateway.otel
     assert otel is not None
     assert otel.force_flush(10.0)
+
+
+def _span(receiver: OtlpReceiver, request_id: str) -> Span:
+    """The span of the request ``request_id``, once the collector passed it on."""
+    def found() -> Span | None:
+        spans = [s for s in receiver.spans
+                 if s.attributes.get("vigil.request.id") == request_id]
+        return spans[0] if spans else None
+    return wait_for(f"the span of {request_id}", found, 30)
+
+
+def _points(receiver: OtlpReceiver, metric: str, count: int) -> list[Point]:
+    """The latest points of ``metric`` once they count ``count`` observations in all."""
+    def enough() -> list[Point] | None:
+        points = receiver.latest_points(metric)
+        return points if sum(p.count for p in points) >= count else None
+
+    return wait_for(f"{count} observations of {metric}", enough, 30)
 
 
 def _chat(gw: GatewayHandle, **kw: Any) -> Any:
@@ -73,8 +93,7 @@ def test_a_span_per_request_named_and_attributed_as_the_conventions_say(
     streamed = _chat(gw, stream=True, stream_options={"include_usage": True})
     chunks = list(streamed.parse())
     _flush(gw)
-    spans = {s.attributes["vigil.request.id"]: s for s in receiver.spans_named("chat ")}
-    one = spans[unary.headers["x-vigil-request-id"]]
+    one = _span(receiver, unary.headers["x-vigil-request-id"])
     record = gw.record(unary.headers["x-vigil-request-id"])
     assert one.name == f"chat {MODEL}"
     assert one.kind == 2  # SERVER
@@ -93,7 +112,7 @@ def test_a_span_per_request_named_and_attributed_as_the_conventions_say(
     assert a["http.response.status_code"] == 200 and "error.type" not in a
     assert (a["server.address"], a["server.port"]) == ("127.0.0.1", gw.cfg.gateway.port)
     assert one.status == 0 and one.end_ns > one.start_ns
-    two = spans[streamed.headers["x-vigil-request-id"]]
+    two = _span(receiver, streamed.headers["x-vigil-request-id"])
     assert two.attributes["gen_ai.request.stream"] is True
     assert two.attributes["gen_ai.usage.output_tokens"] == chunks[-1].usage.completion_tokens
 
@@ -103,8 +122,7 @@ def test_the_client_trace_is_continued_and_the_replica_gets_the_gateways_span(
     gw, receiver = traced
     reply = _chat(gw, extra_headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"})
     _flush(gw)
-    (span,) = [s for s in receiver.spans_named("chat ")
-               if s.attributes["vigil.request.id"] == reply.headers["x-vigil-request-id"]]
+    span = _span(receiver, reply.headers["x-vigil-request-id"])
     assert (span.trace_id, span.parent_span_id) == (TRACE_ID, PARENT_ID)
 
 
@@ -115,8 +133,7 @@ def test_refusals_and_failures_carry_error_type(
         "model": "no-such-model", "messages": [{"role": "user", "content": "x"}]})
     assert bad.status_code == 404
     _flush(gw)
-    (span,) = [s for s in receiver.spans if s.attributes.get("vigil.request.id")
-               == bad.headers["x-vigil-request-id"]]
+    span = _span(receiver, bad.headers["x-vigil-request-id"])
     assert span.name == "chat no-such-model"
     assert span.attributes["error.type"] == "bad_request"
     assert span.attributes["http.response.status_code"] == 404
@@ -124,10 +141,11 @@ def test_refusals_and_failures_carry_error_type(
 
 
 def test_an_upstream_failure_is_an_error_span_and_an_errored_duration(tmp_path: Path) -> None:
-    with otlp_receiver() as receiver, scripted_upstream() as upstream:
+    with (otlp_receiver() as receiver, rotel_collector(receiver, tmp_path) as collector,
+          scripted_upstream() as upstream):
         upstream.mode = "error_500"
         cfg = gateway_config(tmp_path, [upstream.url], gateway={"otel": {
-            "enabled": True, "endpoint": receiver.url, "export_interval": "1h"}})
+            "enabled": True, "endpoint": collector, "export_interval": "1h"}})
         with running_gateway(cfg) as gw:
             failed = gw.http(STANDARD).post(
                 "/v1/chat/completions", json={"model": MODEL, "max_tokens": 4,
@@ -135,10 +153,10 @@ def test_an_upstream_failure_is_an_error_span_and_an_errored_duration(tmp_path: 
             assert failed.status_code == 500, failed.text
             record = gw.record(failed.headers["x-vigil-request-id"])
             _flush(gw)
-        (span,) = receiver.spans_named("chat ")
+            span = _span(receiver, record.id)
+            (point,) = _points(receiver, "gen_ai.server.request.duration", 1)
         assert span.status == 2  # ERROR
         assert span.attributes["error.type"] == record.error_class == "upstream_5xx"
-        (point,) = receiver.latest_points("gen_ai.server.request.duration")
         assert point.attributes["error.type"] == "upstream_5xx" and point.count == 1
         assert not receiver.latest_points("gen_ai.server.time_to_first_token")
 
@@ -164,7 +182,7 @@ def test_genai_metrics_with_the_advised_buckets_and_units(
             if r.stream and r.completion_tokens > 1]),
     }
     for metric, (bounds, unit, values) in expected.items():
-        (point,) = receiver.latest_points(metric)
+        (point,) = _points(receiver, metric, len(values))
         assert point.unit == unit and point.bounds == tuple(float(b) for b in bounds), metric
         assert point.count == len(values), metric
         assert math.isclose(point.sum, math.fsum(values), rel_tol=1e-9), metric
@@ -173,7 +191,7 @@ def test_genai_metrics_with_the_advised_buckets_and_units(
         assert point.attributes["gen_ai.request.model"] == MODEL
         assert point.attributes["vigil.tier"] == "standard"
     usage = {p.attributes["gen_ai.token.type"]: p
-             for p in receiver.latest_points("gen_ai.client.token.usage")}
+             for p in _points(receiver, "gen_ai.client.token.usage", 2 * len(records))}
     assert usage["input"].unit == "{token}"
     assert usage["input"].bounds == tuple(float(b) for b in OTEL_TOKEN_BUCKETS)
     assert usage["input"].sum == sum(r.prompt_tokens for r in records)

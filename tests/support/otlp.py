@@ -1,5 +1,6 @@
 """An OTLP/HTTP receiver on loopback: what an OpenTelemetry collector gets from the gateway (and
-from vLLM), decoded with OpenTelemetry's own protobuf classes (``opentelemetry-proto``).
+from vLLM), decoded with OpenTelemetry's own protobuf classes (``opentelemetry-proto``); and a
+real collector (rotel) in front of it.
 
 ``POST /v1/traces`` and ``POST /v1/metrics`` (protobuf, gzip or not) are answered 200 with an
 empty export response; spans and metric points are kept, flattened (``Span``, ``Point``).
@@ -7,11 +8,16 @@ empty export response; spans and metric points are kept, flattened (``Span``, ``
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import os
+import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -24,9 +30,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from support.loopback import Answer, LoopbackServer, Request
+from support.loopback import Answer, LoopbackServer, Request, free_port, wait_for
 
-__all__ = ["OtlpReceiver", "Point", "Span", "otlp_receiver"]
+__all__ = ["OtlpReceiver", "Point", "Span", "otlp_receiver", "rotel_collector"]
 
 
 def _value(v: AnyValue) -> Any:
@@ -152,3 +158,52 @@ def otlp_receiver() -> Iterator[OtlpReceiver]:
     receiver.server.respond = receiver.respond
     with receiver.server:
         yield receiver
+
+
+def _rotel_agent() -> str:
+    """The ``rotel-agent`` binary of the ``rotel`` wheel (a dev dependency)."""
+    import rotel
+
+    agent = Path(rotel.__file__).parent / "rotel-agent"
+    if not agent.is_file():
+        raise RuntimeError(f"the rotel wheel has no agent binary at {agent}")
+    if not os.access(agent, os.X_OK):
+        agent.chmod(agent.stat().st_mode | 0o111)
+    return str(agent)
+
+
+@contextmanager
+def rotel_collector(receiver: OtlpReceiver, workdir: Path) -> Iterator[str]:
+    """A real OpenTelemetry collector (rotel, from PyPI) on loopback that receives OTLP/HTTP and
+    exports everything, OTLP/HTTP, to ``receiver``; yields its base URL (what
+    ``[gateway.otel] endpoint`` names). What the receiver then holds is what a collector
+    accepted, parsed and passed on."""
+    http_port, grpc_port = free_port(), free_port()
+    log = workdir / "rotel.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [_rotel_agent(), "start", "--otlp-http-endpoint", f"127.0.0.1:{http_port}",
+             "--otlp-grpc-endpoint", f"127.0.0.1:{grpc_port}", "--exporter", "otlp",
+             "--otlp-exporter-endpoint", receiver.url, "--otlp-exporter-protocol", "http",
+             "--batch-timeout", "50ms", "--pid-file", str(workdir / "rotel.pid"),
+             "--log-file", str(workdir / "rotel-agent.log")],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        def listening() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"rotel exited with {proc.returncode}:\n"
+                                   f"{log.read_text(errors='replace')[-2000:]}")
+            with contextlib.suppress(OSError), socket.create_connection(
+                    ("127.0.0.1", http_port), timeout=0.2):
+                return True
+            return False
+
+        wait_for("rotel listening", listening, 30)
+        yield f"http://127.0.0.1:{http_port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
