@@ -11,6 +11,7 @@ time), within 1e-9.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Iterator
@@ -117,9 +118,16 @@ def _close(a: float | None, b: float | None) -> bool:
     return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
 
 
+@functools.cache
+def _status(config_path: Path, base_url: str, at: float) -> dict[str, Any]:
+    """``vigil slo status --json --at at`` (the rules' samples share a few instants: each is
+    asked once)."""
+    return slo_status(config_path, at, base_url)
+
+
 def _status_slo(config_path: Path, prom: PrometheusServer, at: float, name: str
                 ) -> dict[str, Any]:
-    status = slo_status(config_path, at, prom.base_url)
+    status = _status(config_path, prom.base_url, at)
     return next(s for s in status["slos"] if s["name"] == name)
 
 

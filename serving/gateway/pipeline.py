@@ -315,7 +315,11 @@ class Gateway:
             raise ModelNotFound(incoming.model)
         call.pool = pool.name
         if call.endpoint == ENDPOINT_EMBEDDINGS:
+            # Embeddings are one JSON answer: a client's "stream" is not passed on, so that a
+            # replica that would honour it cannot answer with events the gateway does not read.
             incoming.stream = False
+            incoming.body.pop("stream", None)
+            incoming.body.pop("stream_options", None)
             return incoming
         call.stream = incoming.stream
         call.include_usage = incoming.include_usage

@@ -10,8 +10,8 @@ a panel reads, in two pools labelled the two ways Vigil's rules handle.
 Samples run from ``history_s`` before ``now`` up to ``now``, every ``step_s``, and nothing is
 scraped: the data never changes, so a sample a rule recorded and ``vigil slo status --at`` its
 timestamp see the same data. (None lies ahead of ``now``: Prometheus refuses to append the
-rules' samples at times older than its newest block's end.) The windows of the rules are 5
-minutes and more, so every number stays defined for minutes after ``now``. Chat's TTFT misses
+rules' samples at times older than its newest block's end.) The windows of the rules are 30
+minutes and more, so every number stays defined for many minutes after ``now``. Chat's TTFT misses
 its 100 ms threshold for 9 requests of 10, so the TTFT SLO burns its budget and pages.
 """
 
@@ -34,7 +34,21 @@ scrape_interval = "5s"
 scrape_timeout = "4s"
 
 [engine]
-window = "5m"
+window = "30m"
+
+# Every window 30 minutes or longer: the data ends when the test starts, and every number stays
+# defined for as long as a window still holds two samples.
+[[engine.burn_rate_alerts]]
+severity = "page"
+budget_share = 0.02
+long_window = "1h"
+short_window = "30m"
+
+[[engine.burn_rate_alerts]]
+severity = "ticket"
+budget_share = 0.1
+long_window = "6h"
+short_window = "1h"
 
 [[pools]]
 name = "chat"
