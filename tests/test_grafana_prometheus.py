@@ -83,6 +83,23 @@ def test_every_panel_and_variable_returns_series(world: tuple[Any, ...]) -> None
     assert checked >= 40, checked
 
 
+def test_the_slo_table_has_one_row_per_slo(world: tuple[Any, ...]) -> None:
+    """The overview table's queries carry the same labels, one set per SLO, so that Grafana's
+    merge joins them into one row per SLO (a metric name left in would split the rows)."""
+    prom, _, result, dashboards = world
+    (table,) = [p for p in dashboards["vigil-slo-overview"]["panels"] if p["type"] == "table"]
+    at = time.time()
+    rows = [set(_query(prom, substitute(t["expr"]), at)) for t in table["targets"]]
+    slos = {s.name for s in result.validated.specs}
+    objective = rows[0]
+    assert {dict(labels)["slo"] for labels in objective} == slos
+    assert all(not any(k == "__name__" for k, _ in labels) for labels in objective)
+    for got in rows[1:]:
+        assert got and got <= objective, (got, objective)
+    renamed = table["transformations"][1]["options"]["renameByName"]
+    assert renamed["Value #A"] == "objective"
+
+
 def test_choosing_a_pool_narrows_every_pool_panel_to_it(world: tuple[Any, ...]) -> None:
     prom, _, _, dashboards = world
     at = time.time()

@@ -134,14 +134,21 @@ def table_panel(title: str, queries: Sequence[Query], *, description: str = "",
                 width: int = 24, height: int = 8,
                 link: dashboard.DashboardLink | None = None
                 ) -> table.Panel:
-    """A table of instant queries, one row per series, one column per query (joined on their
-    labels by Grafana's ``merge`` transformation)."""
+    """A table of instant queries, one row per series and one column per query, named by the
+    query's legend: Grafana's ``merge`` joins the queries' rows on their labels, ``organize``
+    hides the time and names the value columns (``Value #A`` ...). Each query is wrapped in
+    ``max without () (...)``, which keeps every label but the metric name: two recorded series
+    differ in their names, and rows that differ in a column are not merged."""
+    names = {f"Value #{ref}": legend for ref, (legend, _) in zip(_REF_IDS, queries,
+                                                                  strict=False)}
     p = (table.Panel().title(title).description(description).datasource(DATASOURCE)
          .span(width).height(height)
          .with_transformation(dm.DataTransformerConfig(id_val="merge", options={}))
          .with_transformation(dm.DataTransformerConfig(
-             id_val="organize", options={"excludeByName": {"Time": True}})))
-    for target in _targets(queries, instant=True):
+             id_val="organize", options={"excludeByName": {"Time": True},
+                                         "renameByName": names})))
+    wrapped = [(legend, f"max without () ({expr})") for legend, expr in queries]
+    for target in _targets(wrapped, instant=True):
         p = p.with_target(target.format(pm.PromQueryFormat.TABLE))
     if link is not None:
         p = p.links([link])
