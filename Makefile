@@ -22,10 +22,17 @@ demo: venv
 WORKERS ?= 4
 PARALLEL := -n $(WORKERS) --dist loadscope
 
-test: venv vllm-venv prometheus alertmanager chromium postgresql
-	$(BIN)/ruff check --no-cache .
-	$(BIN)/mypy
-	$(BIN)/pytest $(PARALLEL) -m "not serial and not real_vllm" --durations=25
+# vLLM's venv (a few hundred MB to download and unpack) is built while the parallel part
+# runs, which does not need it; the real-vLLM tests wait for it. Its log is printed if it fails.
+VLLM_VENV_LOG := .venv-vllm.log
+
+test: venv prometheus alertmanager chromium postgresql
+	@$(MAKE) --no-print-directory vllm-venv > $(VLLM_VENV_LOG) 2>&1 & vllm=$$!; \
+	status=0; \
+	{ $(BIN)/ruff check --no-cache . && $(BIN)/mypy && \
+	  $(BIN)/pytest $(PARALLEL) -m "not serial and not real_vllm" --durations=25; } || status=$$?; \
+	if ! wait $$vllm; then cat $(VLLM_VENV_LOG); echo "building $(VLLM_VENV) failed"; exit 1; fi; \
+	[ $$status -eq 0 ] || exit $$status; \
 	$(BIN)/pytest -m "serial or real_vllm" --durations=15
 
 # The inner loop while changing code: lint, then every test that takes less than a few
@@ -115,4 +122,4 @@ chromium:
 		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium; }
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) demo-data .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_VENV_LOG) demo-data .pytest_cache .ruff_cache

@@ -140,7 +140,7 @@ def test_the_packages_between_import_each_other_without_a_cycle() -> None:
 # --- inside the rooms --------------------------------------------------------------------------
 #: The subpackages of ``slo`` in layer order: each imports only those before it (and the
 #: ground). ``slo.status``, at the top, composes them all.
-SLO_LAYERS = ("promql", "sources", "objectives", "cost", "scaling", "planning")
+SLO_LAYERS = ("promql", "sources", "objectives", "cost", "scaling", "planning", "backtest")
 SLO_TOP = ("slo", "slo.status")
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "SourceError",
     "StoreError",
     "StoreUnavailable",
+    "UsageError",
     "VigilError",
 ]
 
@@ -43,6 +44,13 @@ class ConfigError(VigilError):
         self.reason = message
         where = ": ".join(p for p in (file, key) if p)
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class UsageError(VigilError):
+    """Command-line options that parse one by one but not together (``--from`` after
+    ``--to``); the message names them."""
+
+    exit_code = 2
 
 
 class ParseError(VigilError):

@@ -55,8 +55,9 @@ COMMANDS = (
     ("plan", "the cheapest configuration that meets the SLOs for the traffic",
      "vigil_shell.plan_cli"),
 )
-#: ``vigil slo status``: a sub-subcommand.
+#: ``vigil slo status`` and ``vigil slo backtest``: sub-subcommands.
 SLO_STATUS = "vigil_shell.slo_status_cli"
+SLO_BACKTEST = "vigil_shell.slo_backtest_cli"
 
 
 def _run_module(module: str) -> Any:
@@ -90,10 +91,14 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("slo", help="the SLO engine: SLIs, burn rates, budgets, cost, scaling")
     slo_sub = p.add_subparsers(dest="slo_command", metavar="SUBCOMMAND", required=True)
-    p = slo_sub.add_parser("status", help="every SLO, burn rate, cost and scaling advice now")
-    if selected == "slo":
-        importlib.import_module(SLO_STATUS).add_arguments(p)
-    p.set_defaults(func=_run_module(SLO_STATUS))
+    for name, help_text, module in (
+        ("status", "every SLO, burn rate, cost and scaling advice now", SLO_STATUS),
+        ("backtest", "the generated burn-rate alerts replayed over the history", SLO_BACKTEST),
+    ):
+        p = slo_sub.add_parser(name, help=help_text)
+        if selected == "slo":
+            importlib.import_module(module).add_arguments(p)
+        p.set_defaults(func=_run_module(module))
     return parser
 
 

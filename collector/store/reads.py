@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -209,6 +209,35 @@ class Reader:
             cur.append(Point(ts, decode_value(v)))
             last_ts = ts
         return out
+
+    def series_arrays(
+        self, name: str, matchers: StoreMatchers, start_ms: int, end_ms: int,
+    ) -> Iterator[tuple[SeriesKey, str, Any, Any, Any]]:
+        """``Store.series_arrays``."""
+        import numpy as np
+
+        for sid, key, family_type in self.select_series(name, matchers):
+            rows = self._query(f"read points of {name!r}", _POINTS,
+                               {"ids": json.dumps([sid]), "lo": int(start_ms),
+                                "hi": int(end_ms)})
+            if not rows:
+                continue
+            ts: list[int] = []
+            vals: list[float | None] = []
+            last_ts = None
+            for _, t, v, src in rows:
+                if t == last_ts:  # re-written since it moved: the head's copy wins
+                    if not src:
+                        continue
+                    ts.pop()
+                    vals.pop()
+                ts.append(t)
+                vals.append(decode_value(v))
+                last_ts = t
+            stale = np.fromiter((v is None for v in vals), dtype=np.bool_, count=len(vals))
+            values = np.fromiter((math.nan if v is None else v for v in vals),
+                                 dtype=np.float64, count=len(vals))
+            yield key, family_type, np.asarray(ts, dtype=np.int64), values, stale
 
     def last_points(
         self, name: str, matchers: StoreMatchers, at_ms: int | None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -166,6 +166,16 @@ class Store:
         """Points of the matching series with ``start_ms <= ts <= end_ms`` (Unix ms, either
         bound optional), sorted by ts. Series without points in the range are left out."""
         return self._reader.points(name, matchers, start_ms, end_ms)
+
+    def series_arrays(
+        self, name: str, matchers: StoreMatchers, start_ms: int, end_ms: int,
+    ) -> Iterator[tuple[SeriesKey, str, Any, Any, Any]]:
+        """One matching series at a time, in key order: ``(key, family type, ts, values,
+        stale)`` with ``start_ms <= ts <= end_ms`` as numpy arrays (int64 ms, float64 with NaN
+        at a staleness marker, the markers' bool mask). Series without points are skipped.
+        For reads of many samples (a month of a histogram) that should not all be held as
+        ``Point`` objects at once."""
+        return self._reader.series_arrays(name, matchers, start_ms, end_ms)
 
     def last_points(
         self,

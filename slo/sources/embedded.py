@@ -19,7 +19,7 @@ Units: times are Unix seconds (float), windows seconds; results are in the serie
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from collector.store import counter_like
@@ -40,7 +40,8 @@ from slo.promql.quantile import Bucket, parse_le
 # The extrapolation step of extrapolatedRate, shared so that the rollup path below cannot
 # drift from slo.promql.rate's arithmetic.
 from slo.promql.rate import _extrapolation_factor, increase
-from slo.sources.protocol import Matchers
+from slo.promql.tracks import Grid, Track, TrackSum, increase_track, mean_over_time_track
+from slo.sources.protocol import BucketTracks, LeChoice, Matchers, Tracks
 from vigil.conventions import LABEL_LE, SOURCE_EMBEDDED, SUFFIX_BUCKET
 from vigil.model import Labels, Point, SeriesKey
 
@@ -158,6 +159,25 @@ def _increase_of(
         range_start_ms, range_end_ms, True, semantics,
     )
     return result * factor
+
+
+def _le_of(labels: Labels) -> float | None:
+    text = next((v for k, v in labels if k == LABEL_LE), None)
+    return None if text is None else parse_le(text)
+
+
+def _le_track_groups(summed: Mapping[Labels, Track],
+                     by: Sequence[str]) -> dict[Labels, list[tuple[float, Track]]]:
+    """``_le_groups`` for tracks: ``sum by (by, le)`` results as ``(le, track)`` per group."""
+    keep = frozenset(by)
+    groups: dict[Labels, list[tuple[float, Track]]] = {}
+    for labels, track in summed.items():
+        le = _le_of(labels)
+        if le is None:
+            continue
+        key = tuple((k, v) for k, v in labels if k in keep)
+        groups.setdefault(key, []).append((le, track))
+    return groups
 
 
 def _le_groups(
@@ -333,6 +353,79 @@ class EmbeddedSource:
                     Point(int(t), float(v))
                     for t, v in zip(window.ts_ms.tolist(), window.values.tolist(), strict=True)
                 ]
+        return out
+
+    # --- ranges (slo.sources.protocol.RangeSource) ------------------------------------------
+    def _range_tracks(
+        self, metric: str, matchers: Matchers, grid: Grid, windows_s: Sequence[float],
+        by: Sequence[str], *, keep: Callable[[Labels], bool] | None = None,
+    ) -> Tracks:
+        """``sum by (by)`` of each series' ``increase`` track, per window: every series read
+        once (one at a time, in label order) for all windows, and added to its group's
+        running sum as ``sum_by`` adds it."""
+        instants = grid.instants_ms()
+        ranges = {w: duration_ms(w) for w in windows_s}
+        lo = grid.start_ms - max(ranges.values(), default=0)
+        keep_by = frozenset(by)
+        sums: dict[float, dict[Labels, TrackSum]] = {w: {} for w in windows_s}
+        for key, _, ts, vals, stale in self.store.series_arrays(metric, matchers, lo,
+                                                                grid.end_ms):
+            if keep is not None and not keep(key.labels):
+                continue
+            group = tuple((k, v) for k, v in key.labels if k in keep_by)
+            for w, range_ms in ranges.items():
+                track = increase_track(ts, vals, stale, instants, range_ms, self.semantics)
+                if track.present.any():
+                    acc = sums[w].get(group)
+                    if acc is None:
+                        acc = sums[w][group] = TrackSum(grid.n, self.semantics)
+                    acc.add(track)
+        return {w: {g: acc.result() for g, acc in groups.items()}
+                for w, groups in sums.items()}
+
+    def increase_range(
+        self, metric: str, matchers: Matchers, grid: Grid, windows_s: Sequence[float],
+        by: Sequence[str] = (),
+    ) -> Tracks:
+        """``sum by (by) (increase(metric{matchers}[w]))`` at every instant of ``grid``."""
+        return self._range_tracks(metric, matchers, grid, windows_s, by)
+
+    def bucket_increase_range(
+        self, metric: str, matchers: Matchers, grid: Grid, windows_s: Sequence[float],
+        by: Sequence[str] = (), *, les: LeChoice | None = None,
+    ) -> BucketTracks:
+        """Per ``by`` group, the ``(le, track)`` buckets of ``sum by (by, le)
+        (increase(metric_bucket{matchers}[w]))`` at every instant of ``grid``. ``les``, given
+        every bound the series have (ascending), names the bounds worth computing."""
+        by = tuple(by)
+        if LABEL_LE in by:
+            raise ValueError("'le' is always part of the grouping; do not list it in `by`")
+        name = metric + SUFFIX_BUCKET
+        keep: Callable[[Labels], bool] | None = None
+        if les is not None:
+            bounds = sorted({le for key, _ in self.store.series(name, matchers)
+                             if (le := _le_of(key.labels)) is not None})
+            wanted = frozenset(les(bounds))
+            keep = lambda labels: _le_of(labels) in wanted  # noqa: E731
+        summed = self._range_tracks(name, matchers, grid, windows_s, (*by, LABEL_LE), keep=keep)
+        return {w: _le_track_groups(groups, by) for w, groups in summed.items()}
+
+    def avg_over_time_range(
+        self, metric: str, matchers: Matchers, grid: Grid, windows_s: Sequence[float],
+    ) -> Tracks:
+        """``avg_over_time(metric{matchers}[w])`` per series at every instant of ``grid``, for
+        integer-valued series such as ``up`` (``slo.promql.tracks.mean_over_time_track``)."""
+        instants = grid.instants_ms()
+        ranges = {w: duration_ms(w) for w in windows_s}
+        lo = grid.start_ms - max(ranges.values(), default=0)
+        out: Tracks = {w: {} for w in windows_s}
+        for key, _, ts, vals, stale in self.store.series_arrays(metric, matchers, lo,
+                                                                grid.end_ms):
+            for w, range_ms in ranges.items():
+                track = mean_over_time_track(ts, vals, stale, instants, range_ms,
+                                             self.semantics)
+                if track.present.any():
+                    out[w][key.labels] = track
         return out
 
     def downsampled(self) -> tuple[int, float] | None:

@@ -47,12 +47,15 @@ are not Prometheus's JSON) raise ``SourceError`` naming the URL and the query.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import requests
 import urllib3
 from prometheus_api_client import PrometheusConnect
@@ -61,11 +64,12 @@ from urllib3.util.retry import Retry
 
 from slo.promql.lookup import Semantics, SemanticsLike, duration_ms, eval_time_ms, semantics_of
 from slo.promql.quantile import Bucket
+from slo.promql.tracks import Grid, Track
 
 # One definition of the (le, count) regrouping for both sources: the same `le` parsing and
 # the same skipping of a malformed `le` (histogram_quantile's rule).
-from slo.sources.embedded import _le_groups
-from slo.sources.protocol import Matchers
+from slo.sources.embedded import _le_groups, _le_track_groups
+from slo.sources.protocol import BucketTracks, LeChoice, Matchers, Tracks
 from vigil.conventions import LABEL_LE, SOURCE_PROMETHEUS, SUFFIX_BUCKET
 from vigil.errors import SourceError
 from vigil.model import Labels, Point, labels_of
@@ -81,6 +85,9 @@ __all__ = [
 ]
 
 _NAME = "__name__"
+#: The most points one series of a range query may have: Prometheus refuses more
+#: ("exceeded maximum resolution of 11,000 points per timeseries").
+MAX_RANGE_POINTS = 11_000
 #: PromQL metric names and label names (Prometheus 2.x/3.x without UTF-8 quoting).
 _METRIC_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -234,8 +241,42 @@ class PrometheusSource:
             "time": format_eval_time(at_s),
             "lookback_delta": format_duration_ms(self.lookback_s),
         }
+        return self._ask(expr, lambda: self._client.custom_query(expr, params=params))
+
+    def query_range(self, expr: str, grid: Grid) -> list[dict[str, Any]]:
+        """Evaluate ``expr`` at every instant of ``grid`` (``/api/v1/query_range``); the
+        ``result`` matrix. A grid of more than ``MAX_RANGE_POINTS`` instants is asked in
+        parts, the limit a Prometheus puts on the points of one range query's series."""
+        out: dict[str, dict[str, Any]] = {}
+        step = format_duration_ms(grid.step_ms / 1000)
+        for first in range(0, grid.n, MAX_RANGE_POINTS):
+            part = Grid(grid.start_ms + first * grid.step_ms, grid.step_ms,
+                        min(MAX_RANGE_POINTS, grid.n - first))
+            params = {
+                "start": format_eval_time(part.start_ms / 1000),
+                "end": format_eval_time(part.end_ms / 1000),
+                "lookback_delta": format_duration_ms(self.lookback_s),
+            }
+            # The library rounds its datetimes to seconds: `params` carries the exact ones.
+            when = datetime.fromtimestamp(part.start_ms / 1000, tz=UTC)
+            result = self._ask(expr, functools.partial(
+                self._client.custom_query_range, expr, start_time=when, end_time=when,
+                step=step, params=params))
+            for item in result:
+                try:
+                    key = json.dumps(item["metric"], sort_keys=True)
+                    values = item["values"]
+                except (KeyError, TypeError) as exc:
+                    raise SourceError(f"expected a range answer, got {str(item)[:200]!r} "
+                                      f"({exc})", url=self.url, query=expr) from None
+                got = out.setdefault(key, {"metric": item["metric"], "values": []})
+                got["values"].extend(values)
+        return list(out.values())
+
+    def _ask(self, expr: str, call: Callable[[], Any]) -> list[dict[str, Any]]:
+        """Run one API call, its failures as ``SourceError`` naming the URL and the query."""
         try:
-            result = self._client.custom_query(expr, params=params)
+            result = call()
         except PrometheusApiClientException as exc:
             raise SourceError(_http_error(str(exc)), url=self.url, query=expr) from None
         except requests.Timeout:
@@ -256,6 +297,24 @@ class PrometheusSource:
             raise SourceError(f"unexpected answer {str(result)[:200]!r}", url=self.url,
                               query=expr)
         return result
+
+    def _tracks(self, expr: str, grid: Grid) -> dict[Labels, Track]:
+        """A range answer as tracks over ``grid``, keyed by labels without ``__name__``."""
+        out: dict[Labels, Track] = {}
+        for item in self.query_range(expr, grid):
+            values = np.full(grid.n, np.nan)
+            present = np.zeros(grid.n, dtype=np.bool_)
+            try:
+                metric = {k: v for k, v in item["metric"].items() if k != _NAME}
+                for t, v in item["values"]:
+                    i = (round(float(t) * 1000) - grid.start_ms) // grid.step_ms
+                    values[i] = float(v)
+                    present[i] = True
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                raise SourceError(f"expected a range answer, got {str(item)[:200]!r} "
+                                  f"({exc})", url=self.url, query=expr) from None
+            out[labels_of(metric)] = Track(values, present)
+        return dict(sorted(out.items()))
 
     def _vector(self, expr: str, at_s: float) -> dict[Labels, float]:
         """An instant vector, keyed by labels without ``__name__`` (as the embedded source
@@ -323,6 +382,46 @@ class PrometheusSource:
             if pts:
                 out[labels_of(metric_labels)] = pts
         return dict(sorted(out.items()))
+
+    # --- ranges (slo.sources.protocol.RangeSource) ------------------------------------------
+    def increase_range(
+        self, metric: str, matchers: Matchers, grid: Grid, windows_s: Sequence[float],
+        by: Sequence[str] = (),
+    ) -> Tracks:
+        """``sum by (by) (increase(metric{matchers}[w]))`` at every instant of ``grid``: one
+        range query per window."""
+        return {w: self._tracks(f"sum{_by_clause(by)} (increase({selector(metric, matchers)}"
+                                f"[{format_duration_ms(w)}]))", grid) for w in windows_s}
+
+    def bucket_increase_range(
+        self, metric: str, matchers: Matchers, grid: Grid, windows_s: Sequence[float],
+        by: Sequence[str] = (), *, les: LeChoice | None = None,
+    ) -> BucketTracks:
+        """Per ``by`` group, the ``(le, track)`` buckets of ``sum by (by, le)
+        (increase(metric_bucket{matchers}[w]))`` at every instant of ``grid``; the server
+        sums every bound, ``les`` chooses the ones kept."""
+        by = tuple(by)
+        if LABEL_LE in by:
+            raise ValueError("'le' is always part of the grouping; do not list it in `by`")
+        out: BucketTracks = {}
+        for w in windows_s:
+            expr = (f"sum{_by_clause((*by, LABEL_LE))} "
+                    f"(increase({selector(metric + SUFFIX_BUCKET, matchers)}"
+                    f"[{format_duration_ms(w)}]))")
+            groups = _le_track_groups(self._tracks(expr, grid), by)
+            if les is not None:
+                for key, buckets in groups.items():
+                    wanted = frozenset(les(sorted({le for le, _ in buckets})))
+                    groups[key] = [(le, t) for le, t in buckets if le in wanted]
+            out[w] = groups
+        return out
+
+    def avg_over_time_range(
+        self, metric: str, matchers: Matchers, grid: Grid, windows_s: Sequence[float],
+    ) -> Tracks:
+        """``avg_over_time(metric{matchers}[w])`` per series at every instant of ``grid``."""
+        return {w: self._tracks(f"avg_over_time({selector(metric, matchers)}"
+                                f"[{format_duration_ms(w)}])", grid) for w in windows_s}
 
 
 def _http_error(text: str) -> str:

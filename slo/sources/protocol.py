@@ -34,17 +34,20 @@ within the lookback) is absent from the dict, never 0.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Protocol, TypeAlias, runtime_checkable
 
 from slo.promql.lookup import Semantics
 from slo.promql.quantile import Bucket
+from slo.promql.tracks import Grid, Track
 from vigil.model import Labels, Point, RequestRecord
 from vigil.selectors import Selector
 
 __all__ = [
     "Downsampled",
+    "LeChoice",
     "Matchers",
+    "RangeSource",
     "RequestLog",
     "Source",
     "is_external",
@@ -123,6 +126,47 @@ class Source(Protocol):
         self, metric: str, matchers: Matchers, at_s: float, range_s: float
     ) -> dict[Labels, list[Point]]:
         """The raw samples of ``metric{matchers}[range]`` at ``at_s`` (stale markers dropped)."""
+        ...
+
+
+#: Per window (seconds), per group or series, a track over a ``Grid``.
+Tracks: TypeAlias = dict[float, dict[Labels, Track]]
+#: Given every bucket bound a histogram's series have (ascending), the bounds worth reading.
+LeChoice: TypeAlias = Callable[[Sequence[float]], Collection[float]]
+#: Per window, per ``by`` group, ``(le, track)`` buckets.
+BucketTracks: TypeAlias = dict[float, dict[Labels, list[tuple[float, Track]]]]
+
+
+@runtime_checkable
+class RangeSource(Source, Protocol):
+    """A ``Source`` that also answers its queries at every instant of a ``Grid`` at once, as a
+    range query (``/api/v1/query_range``) or a rule evaluated every step would: the backtest
+    reads a month at the rules' interval this way. Each instant's value is the one the
+    instant query gives there; several windows are asked at once so that a source reading
+    samples itself reads them once."""
+
+    semantics: Semantics
+    external: bool
+
+    def increase_range(
+        self, metric: str, matchers: Matchers, grid: Grid, windows_s: Sequence[float],
+        by: Sequence[str] = (),
+    ) -> Tracks:
+        """``sum by (by) (increase(metric{matchers}[w]))`` at every instant, per window."""
+        ...
+
+    def bucket_increase_range(
+        self, metric: str, matchers: Matchers, grid: Grid, windows_s: Sequence[float],
+        by: Sequence[str] = (), *, les: LeChoice | None = None,
+    ) -> BucketTracks:
+        """``sum by (by, le) (increase(metric_bucket{matchers}[w]))`` at every instant; only
+        the bounds ``les`` chooses, when given."""
+        ...
+
+    def avg_over_time_range(
+        self, metric: str, matchers: Matchers, grid: Grid, windows_s: Sequence[float],
+    ) -> Tracks:
+        """``avg_over_time(metric{matchers}[w])`` per series at every instant."""
         ...
 
 

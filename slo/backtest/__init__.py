@@ -1,0 +1,1 @@
+"""Backtests: the generated alerts and the SLIs replayed over a history (``vigil slo backtest``)."""

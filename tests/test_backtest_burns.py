@@ -1,0 +1,156 @@
+"""Histories with known burns give exactly the expected alerts and missed burns (the default
+30-day alert table of the SRE workbook), and a quiet SLO never yields NaN or an alert.
+
+Five days of two replicas at 2 requests/s each, one scrape a minute:
+
+* TTFT (objective 99 %): half the requests slow for two hours on day 4 — a sharp burn (50×).
+  The 1-hour page row needs 14.4× over the hour: 14.4 / 50 of an hour, 17 minutes after the
+  start; the 6-hour row follows; the ticket rows (3× over a day, 1× over three days) fire
+  within 1.5 hours. The page resolves once the 30-minute window has cooled (≈ 26 minutes
+  after the fix).
+* Error rate (objective 99.9 %): 0.4 % errors from the first day on — a slow burn (4×), under
+  both page factors (14.4, 6); the three-day ticket row (1×) fires once its 3-day window,
+  which holds the clean first day too, burns above 1: eight hours in.
+* e2e (objective 99.9 %): 0.4 % slow for twelve hours from day 3.5 — 4×, under every factor
+  (the 1-day window holds 2×, the 3-day one 0.67×): no alert, one missed burn of
+  4 × 12 h / 30 d = 6.7 % of the budget.
+* Pool ``idle``: replicas up, no request for the whole history.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from support.backtest_history import History, Replica, between, write_store
+
+from collector.store import Store
+from slo.backtest.run import Backtest, backtest
+from slo.sources.embedded import EmbeddedSource
+from vigil.config import load_config
+
+pytestmark = pytest.mark.slow
+
+HOUR = 3600.0
+DAY = 86400.0
+START = 1_790_000_000.0 - 1_790_000_000.0 % DAY  # midnight UTC
+END = START + 5 * DAY
+SHARP = (START + 3 * DAY + 10 * HOUR, START + 3 * DAY + 12 * HOUR)
+UNDER = (START + 3.5 * DAY, START + 3.5 * DAY + 12 * HOUR)
+
+CONFIG = """
+[store]
+path = "{store}"
+
+[[pools]]
+name = "chat"
+model = "meta-llama/Llama-3.1-8B-Instruct"
+
+[[pools]]
+name = "idle"
+model = "meta-llama/Llama-3.1-8B-Instruct"
+
+[[slos]]
+name = "chat-ttft"
+pool = "chat"
+indicator = "ttft"
+objective = 0.99
+
+[[slos]]
+name = "chat-errors"
+pool = "chat"
+indicator = "error_rate"
+objective = 0.999
+
+[[slos]]
+name = "chat-e2e"
+pool = "chat"
+indicator = "e2e"
+objective = 0.999
+
+[[slos]]
+name = "idle-ttft"
+pool = "idle"
+indicator = "ttft"
+
+[[slos]]
+name = "idle-errors"
+pool = "idle"
+indicator = "error_rate"
+"""
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory) -> Backtest:
+    folder = tmp_path_factory.mktemp("backtest-burns")
+    (folder / "vigil.toml").write_text(CONFIG.format(store=folder / "vigil.db"))
+    config = load_config(folder / "vigil.toml")
+    chat = History(start=START, end=END, replicas=[Replica("chat-0"), Replica("chat-1")],
+                   ttft_bad=between(*SHARP, 0.5), errors=between(START + DAY, END, 0.004),
+                   e2e_bad=between(*UNDER, 0.004)).build()
+    idle = History(start=START, end=END, pool="idle", replicas=[Replica("idle-0")],
+                   rate=lambda _t: 0.0).build()
+    with Store(folder / "vigil.db") as store:
+        write_store(store, chat + idle)
+        return backtest(config, EmbeddedSource(store), START, END)
+
+
+def _slo(result: Backtest, name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = result.to_dict()["slos"][name]
+    return doc
+
+
+def test_a_sharp_burn_pages_within_minutes_and_tickets(result: Backtest) -> None:
+    s = _slo(result, "chat-ttft")
+    pages = [a for a in s["alerts"] if a["severity"] == "page"]
+    tickets = [a for a in s["alerts"] if a["severity"] == "ticket"]
+    assert len(pages) == 1 and len(tickets) == 1, s["alerts"]
+    page, ticket = pages[0], tickets[0]
+    t0, t1 = SHARP
+    assert t0 + 15 * 60 <= page["start"] <= t0 + 20 * 60, page
+    assert t1 + 20 * 60 <= page["end"] <= t1 + 30 * 60, page
+    assert 15 * 60 <= page["detection_delay_seconds"] <= 20 * 60, page
+    assert page["row"] == {"factor": 14.4, "long_window": "1h", "short_window": "5m"}
+    assert 45 <= page["peak_burn_rate"] <= 50.5, page
+    # 50x over the 1 h 43 min it fired, then the tail: about 12 % of a 30-day budget.
+    assert 0.11 <= page["budget_consumed"] <= 0.13, page
+    assert t0 + 80 * 60 <= ticket["start"] <= t0 + 95 * 60, ticket
+    assert not s["missed_burns"]
+    # Left at the end: the period's error ratio is over the requests the store holds (five
+    # days, half of two hours' bad), as `vigil slo status` reports it.
+    assert s["budget_remaining"] == pytest.approx(1 - (0.5 * 2 / 120) / 0.01, abs=0.005)
+
+
+def test_a_slow_burn_files_a_ticket_and_never_pages(result: Backtest) -> None:
+    s = _slo(result, "chat-errors")
+    assert [a["severity"] for a in s["alerts"]] == ["ticket"], s["alerts"]
+    ticket = s["alerts"][0]
+    assert ticket["row"]["long_window"] == "3d"
+    # The 3-day window holds the clean first day too: 0.4 % × x / (1 d + x) passes 0.1 %
+    # (1× the budget) eight hours in; the 6-hour window burns 4× by then.
+    assert START + DAY + 7.5 * HOUR <= ticket["start"] <= START + DAY + 8.5 * HOUR, ticket
+    assert ticket["end"] is None  # still burning at the end of the history
+    assert not s["missed_burns"]
+
+
+def test_a_burn_under_every_threshold_is_a_missed_burn(result: Backtest) -> None:
+    s = _slo(result, "chat-e2e")
+    assert s["alerts"] == []
+    assert len(s["missed_burns"]) == 1, s["missed_burns"]
+    missed = s["missed_burns"][0]
+    assert abs(missed["start"] - UNDER[0]) <= 10 * 60, missed
+    assert abs(missed["end"] - UNDER[1]) <= 10 * 60, missed
+    assert missed["budget_consumed"] == pytest.approx(4 * 12 / 720, rel=0.05)
+
+
+def test_a_quiet_slo_has_no_nan_and_no_alert(result: Backtest) -> None:
+    doc = result.to_dict()
+    json.dumps(doc, allow_nan=False)  # raises on NaN or ±Inf anywhere
+    for name in ("idle-ttft", "idle-errors"):
+        s = doc["slos"][name]
+        assert s["alerts"] == [] and s["missed_burns"] == [], name
+        assert s["budget_remaining"] is None, name  # no request: no budget figure, not NaN
+    idle = next(r for r in result.slos if r.spec.name == "idle-ttft")
+    assert all(math.isnan(b) for b in idle.burn.tolist())

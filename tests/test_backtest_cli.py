@@ -1,0 +1,110 @@
+"""``vigil slo backtest``: the history from the flags (``--since`` up to the injected clock's
+now, ``--from``/``--to`` as Unix seconds or ISO 8601), the JSON keys the docs promise, the
+terminal report, and clear errors."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.backtest_history import History, Replica, between, write_store
+
+from collector.store import Store
+from vigil.errors import UsageError
+from vigil_shell.slo_backtest_cli import add_arguments, parse_time, run
+
+HOUR = 3600.0
+START = 1_790_000_000.0 - 1_790_000_000.0 % 86400.0
+END = START + 8 * HOUR
+CONFIG = """
+[store]
+path = "vigil.db"
+
+[[pools]]
+name = "chat"
+model = "meta-llama/Llama-3.1-8B-Instruct"
+
+[[slos]]
+name = "chat-ttft"
+pool = "chat"
+indicator = "ttft"
+objective = 0.99
+"""
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("backtest-cli")
+    (folder / "vigil.toml").write_text(CONFIG)
+    series = History(start=START, end=END, replicas=[Replica("chat-0"), Replica("chat-1")],
+                     ttft_bad=between(START + 4 * HOUR, START + 5 * HOUR, 0.5)).build()
+    with Store(folder / "vigil.db") as store:
+        write_store(store, series)
+    return folder / "vigil.toml"
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="vigil slo backtest")
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def _run(*argv: str, now: float = END) -> str:
+    out = io.StringIO()
+    assert run(_parse(*argv), clock=lambda: now, out=out) == 0
+    return out.getvalue()
+
+
+def test_json_keys(config_file: Path) -> None:
+    doc = json.loads(_run("--config", str(config_file), "--since", "8h", "--json"))
+    assert doc["from"] == START and doc["to"] == END
+    assert doc["interval_seconds"] == 30.0 and doc["evaluations"] == 8 * 120 + 1
+    s = doc["slos"]["chat-ttft"]
+    page = next(a for a in s["alerts"] if a["severity"] == "page")
+    assert set(page) >= {"severity", "start", "end", "peak_burn_rate", "budget_consumed",
+                         "detection_delay_seconds"}
+    assert START + 4 * HOUR < page["start"] < START + 4.5 * HOUR
+    assert isinstance(s["missed_burns"], list)
+    # Half of one hour's requests slow out of eight hours': overspent 5.25 times over.
+    assert s["budget_remaining"] == pytest.approx(1 - (0.5 / 8) / 0.01, rel=0.01)
+    assert s["per_30_days"]["page"] == pytest.approx(30 * 24 / 8 * 1, rel=0.01)
+
+
+def test_from_and_to_take_iso_times(config_file: Path) -> None:
+    iso = _run("--config", str(config_file), "--from", "2026-09-21T04:00:00Z", "--to",
+               "2026-09-21T08:00", "--json")
+    unix = _run("--config", str(config_file), "--from", str(START + 4 * HOUR), "--to",
+                str(START + 8 * HOUR), "--json")
+    assert parse_time("2026-09-21") == START
+    assert json.loads(iso) == json.loads(unix)
+
+
+def test_the_table_names_each_alert(config_file: Path) -> None:
+    text = _run("--config", str(config_file), "--since", "8h")
+    assert "chat-ttft: ttft ≤ 0.8s for 99% over 30d" in text
+    assert "page    2026-09-21 04:" in text
+    assert "detected after" in text
+
+
+def test_a_history_that_ends_before_it_starts_is_refused(config_file: Path) -> None:
+    with pytest.raises(UsageError, match="must start before it ends"):
+        _run("--config", str(config_file), "--from", str(END), "--to", str(START))
+
+
+def test_bad_flags_say_what_is_wrong(config_file: Path) -> None:
+    vigil = [sys.executable, "-m", "vigil_shell", "slo", "backtest", "--config",
+             str(config_file)]
+    done = subprocess.run([*vigil, "--from", "yesterday"], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 2 and "not a time: 'yesterday'" in done.stderr
+    done = subprocess.run([*vigil, "--missed-share", "5"], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 2 and "a share of the budget is 0-1" in done.stderr
+    done = subprocess.run([*vigil, "--since", "1d", "--from", "0"], capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 2 and "not allowed with argument" in done.stderr
