@@ -21,15 +21,19 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 from support.backtest_history import History, Replica, between, write_store
 
 from collector.store import Store
+from slo.backtest.attainment import attainment
 from slo.backtest.run import Backtest, backtest
+from slo.backtest.whatif import what_if
+from slo.objectives.spec import effective_slos
 from slo.sources.embedded import EmbeddedSource
-from vigil.config import load_config
+from vigil.config import Config, load_config
 
 pytestmark = pytest.mark.slow
 
@@ -83,10 +87,9 @@ indicator = "error_rate"
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory: pytest.TempPathFactory) -> Backtest:
+def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Path]:
     folder = tmp_path_factory.mktemp("backtest-burns")
     (folder / "vigil.toml").write_text(CONFIG.format(store=folder / "vigil.db"))
-    config = load_config(folder / "vigil.toml")
     chat = History(start=START, end=END, replicas=[Replica("chat-0"), Replica("chat-1")],
                    ttft_bad=between(*SHARP, 0.5), errors=between(START + DAY, END, 0.004),
                    e2e_bad=between(*UNDER, 0.004)).build()
@@ -94,6 +97,13 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> Backtest:
                    rate=lambda _t: 0.0).build()
     with Store(folder / "vigil.db") as store:
         write_store(store, chat + idle)
+    return load_config(folder / "vigil.toml"), folder / "vigil.db"
+
+
+@pytest.fixture(scope="module")
+def result(written: tuple[Config, Path]) -> Backtest:
+    config, path = written
+    with Store(path, readonly=True) as store:
         return backtest(config, EmbeddedSource(store), START, END)
 
 
@@ -154,3 +164,47 @@ def test_a_quiet_slo_has_no_nan_and_no_alert(result: Backtest) -> None:
         assert s["budget_remaining"] is None, name  # no request: no budget figure, not NaN
     idle = next(r for r in result.slos if r.spec.name == "idle-ttft")
     assert all(math.isnan(b) for b in idle.burn.tolist())
+
+
+def test_attainment_per_day_says_which_thresholds_the_fleet_met(written: tuple[Config,
+                                                                            Path]) -> None:
+    config, path = written
+    spec = next(s for s in effective_slos(config) if s.name == "chat-ttft")
+    with Store(path, readonly=True) as store:
+        rows = {r["threshold_seconds"]: r
+                for r in attainment(spec, EmbeddedSource(store), START, END)}
+    assert {0.25, 0.5, 0.8, 1.0, 2.5} <= set(rows)
+    # 0.8 s (the SLO's): four clean days; day 4 had half its requests slow for two hours.
+    day4 = 1 - 0.5 * 2 / 24
+    at = rows[0.8]
+    assert (at["days_met"], at["days"], at["weeks"]) == (4, 5, 0)
+    assert [d["date"] for d in at["per_day"]] == ["2026-09-21", "2026-09-22", "2026-09-23",
+                                                 "2026-09-24", "2026-09-25"]
+    assert at["per_day"][3]["good_ratio"] == pytest.approx(day4, rel=1e-4)  # extrapolated
+    assert at["good_ratio"] == pytest.approx(1 - 0.5 * 2 / 120, rel=1e-4)
+    # The slow requests took 2 s: a 2.5 s threshold met the objective every day.
+    assert (rows[2.5]["days_met"], rows[2.5]["good_ratio"]) == (5, 1.0)
+
+
+def test_what_if_a_stricter_objective_pages_more(written: tuple[Config, Path],
+                                                 result: Backtest) -> None:
+    config, path = written
+    spec = next(s for s in effective_slos(config) if s.name == "chat-ttft")
+    with Store(path, readonly=True) as store:
+        table = what_if(config, EmbeddedSource(store), result.grid, objectives=[0.95, 0.999],
+                        thresholds=[2.5], slos=[spec])["chat-ttft"]
+    span = result.end - result.start + result.interval_s
+    rows = {(r.spec.objective, r.spec.threshold_seconds): r.to_dict(span) for r in table}
+    assert list(rows) == [(0.99, 0.8), (0.95, 2.5), (0.999, 2.5)]
+    # The configured SLO's row is the backtest's own.
+    assert rows[0.99, 0.8]["per_30_days"] == result.to_dict()["slos"]["chat-ttft"]["per_30_days"]
+    # At 2.5 s no request was slow: nothing burns at any objective.
+    assert rows[0.95, 2.5]["per_30_days"] == {"page": 0.0, "ticket": 0.0}
+    assert rows[0.999, 2.5]["budget_remaining"] == 1.0
+    assert rows[0.99, 0.8]["cost"] is None
+    assert rows[0.99, 0.8]["cost_note"] == "no capacity profile for this pool"
+    with Store(path, readonly=True) as store:
+        more = what_if(config, EmbeddedSource(store), result.grid, objectives=[0.95, 0.999],
+                       slos=[spec])["chat-ttft"]
+    pages = {r.spec.objective: r.result.count("page") for r in more}
+    assert pages[0.999] >= pages[0.99] >= pages[0.95] == 0, pages

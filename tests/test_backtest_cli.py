@@ -108,3 +108,20 @@ def test_bad_flags_say_what_is_wrong(config_file: Path) -> None:
     done = subprocess.run([*vigil, "--since", "1d", "--from", "0"], capture_output=True,
                           text=True, check=False)
     assert done.returncode == 2 and "not allowed with argument" in done.stderr
+
+
+def test_what_if_rows_and_their_table(config_file: Path) -> None:
+    argv = ("--config", str(config_file), "--since", "8h", "--objective", "0.95",
+            "--threshold", "2.5")
+    doc = json.loads(_run(*argv, "--json"))
+    rows = doc["what_if"]["chat-ttft"]
+    assert [(r["objective"], r["threshold_seconds"]) for r in rows] == [(0.99, 0.8),
+                                                                         (0.95, 2.5)]
+    assert rows[0]["per_30_days"] == doc["slos"]["chat-ttft"]["per_30_days"]
+    assert rows[1]["per_30_days"] == {"page": 0.0, "ticket": 0.0}
+    for r in rows:
+        assert (r["cost"] is None) != (r["cost_note"] is None), r
+    assert [a["threshold_seconds"] for a in doc["slos"]["chat-ttft"]["attainment"]] == [2.5]
+    text = _run(*argv)
+    assert "What if — chat-ttft:" in text
+    assert "95%     2.5 s       0.0         0.0      0       –  100.0%" in text

@@ -15,7 +15,9 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from slo.backtest.whatif import Costing
 from slo.sources.open import open_source, request_log
+from slo.sources.protocol import Source
 from vigil.cli_options import (
     add_config_option,
     add_json_option,
@@ -23,7 +25,7 @@ from vigil.cli_options import (
     positive_duration_arg,
 )
 from vigil.clock import Clock, system_clock
-from vigil.config import load_config
+from vigil.config import Config, PoolConfig, load_config
 from vigil.durations import format_duration
 from vigil.errors import UsageError
 
@@ -83,6 +85,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="RATIO",
                         help="flag an alert during which less than this share of the budget "
                              f"burned (default {DEFAULT_QUIET_SHARE:g})")
+    parser.add_argument("--objective", type=_share_arg, action="append", default=[],
+                        metavar="RATIO",
+                        help="what-if: the same backtest at this objective too (repeatable)")
+    parser.add_argument("--threshold", type=positive_duration_arg, action="append",
+                        default=[], metavar="SECONDS",
+                        help="what-if: a latency SLO at this threshold too (repeatable); also "
+                             "the thresholds whose attainment per day is shown")
+    parser.add_argument("--no-attainment", action="store_true",
+                        help="skip the attainment per day and week of latency thresholds")
     add_json_option(parser)
     add_prometheus_url_option(parser, help="read the history from this Prometheus-compatible "
                                            "API (default: [engine] prometheus_url)")
@@ -106,22 +117,61 @@ def _window(args: argparse.Namespace, now: float) -> tuple[float, float]:
 def run(args: argparse.Namespace, *, clock: Clock = system_clock,
         out: TextIO | None = None) -> int:
     """Replay and print; returns the exit code (errors are raised as ``VigilError``)."""
+    from slo.backtest.attainment import attainment
     from slo.backtest.run import backtest
+    from slo.backtest.whatif import what_if
 
     stream = out if out is not None else sys.stdout
     config = load_config(args.config)
     start, end = _window(args, clock())
+    log = request_log(config)
     with open_source(config, args.config, prometheus_url=args.prometheus_url or "",
                      semantics=args.promql_semantics) as source:
         result = backtest(config, source, start, end, interval_s=args.interval,
                           missed_share=args.missed_share, quiet_share=args.quiet_share,
-                          request_log=request_log(config))
-    doc = result.to_dict()
+                          request_log=log)
+        doc = result.to_dict()
+        if not args.no_attainment:
+            for s in result.slos:
+                rows = attainment(s.spec, source, start, end,
+                                  thresholds=args.threshold or None, request_log=log)
+                if rows:
+                    doc["slos"][s.spec.name]["attainment"] = rows
+        if args.objective or args.threshold:
+            costings = {pool.name: _costing(config, args.config, pool, source, start, end)
+                        for pool in config.pools}
+            table = what_if(config, source, result.grid, objectives=args.objective,
+                            thresholds=args.threshold, costings=costings,
+                            missed_share=args.missed_share, quiet_share=args.quiet_share,
+                            request_log=log, slos=[s.spec for s in result.slos])
+            span = result.end - result.start + result.interval_s
+            doc["what_if"] = {name: [r.to_dict(span) for r in rows]
+                              for name, rows in table.items()}
     if args.json:
         stream.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
     else:
         stream.write(format_table(doc) + "\n")
     return 0
+
+
+def _costing(config: Config, file: str, pool: PoolConfig, source: Source, start: float,
+             end: float) -> Costing:
+    """The pool's traffic forecast from the history and its capacity profiles (saved,
+    observed, estimated), as ``vigil plan`` gathers them; a note instead when either is
+    missing."""
+    from slo.planning import estimate
+    from slo.planning.candidates import gather_candidates
+    from slo.planning.forecast import SECONDS_PER_DAY, forecast_from_history
+
+    # Whole days, as the planner forecasts: at least the last one, however short the history.
+    days = max(1, min(7, int((end - start) // SECONDS_PER_DAY)))
+    try:
+        traffic = forecast_from_history(source, config, pool, end, days)
+        candidates, _ = gather_candidates(config, pool, source=source, at_s=end,
+                                          span_s=days * SECONDS_PER_DAY, estimator=estimate)
+    except ValueError as exc:
+        return Costing(None, (), f"no traffic to plan for: {exc}")
+    return Costing(traffic, candidates)
 
 
 # --- the readable table ----------------------------------------------------------------------
@@ -131,8 +181,8 @@ def _time(t: float | None) -> str:
     return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%d %H:%M")
 
 
-def _pct(v: float | None) -> str:
-    return _NULL if v is None else f"{v * 100:.1f}%"
+def _pct(v: float | None, digits: int = 1) -> str:
+    return _NULL if v is None else f"{v * 100:.{digits}f}%"
 
 
 def _delay(v: float | None) -> str:
@@ -164,5 +214,35 @@ def format_table(doc: dict[str, Any]) -> str:
                          f"consumed {_pct(m['budget_consumed'])} with no alert")
         if not s["alerts"] and not s["missed_burns"]:
             lines.append("  no alert, no missed burn")
+        for row in s.get("attainment", []):
+            met = [f"{row[k + '_met']} of {row[k]} {k}" for k in ("days", "weeks") if row[k]]
+            lines.append(f"  ≤ {_ms(row['threshold_seconds'])} for "
+                         f"{_pct(row['good_ratio'], 2)} of requests"
+                         + (f"; met on {', '.join(met)}" if met else ""))
+        lines.append("")
+    for name, rows in doc.get("what_if", {}).items():
+        lines.append(f"What if — {name}:")
+        lines.append(f"  {'objective':>9} {'threshold':>9} {'pages/30d':>9} {'tickets/30d':>11} "
+                     f"{'missed':>6} {'delay':>7} {'budget':>7}  cost")
+        for r in rows:
+            per = r["per_30_days"]
+            cost = r["cost"]
+            priced = (f"${cost['gpu_cost_per_month_usd']:,.0f}/month, "
+                      f"{cost['peak_replicas']} × {cost['configuration']}" if cost
+                      else r["cost_note"] or _NULL)
+            threshold = _NULL if r["threshold_seconds"] is None else _ms(r["threshold_seconds"])
+            lines.append(f"  {r['objective'] * 100:>8g}% {threshold:>9} "
+                         f"{_rate(per.get('page')):>9} {_rate(per.get('ticket')):>11} "
+                         f"{r['missed_burns']:>6} "
+                         f"{_delay(r['median_detection_delay_seconds']):>7} "
+                         f"{_pct(r['budget_remaining']):>7}  {priced}")
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:g} ms" if seconds < 1 else f"{seconds:g} s"
+
+
+def _rate(v: float | None) -> str:
+    return _NULL if v is None else f"{v:.1f}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -212,11 +212,14 @@ class Reader:
 
     def series_arrays(
         self, name: str, matchers: StoreMatchers, start_ms: int, end_ms: int,
+        keep: Callable[[SeriesKey], bool] | None = None,
     ) -> Iterator[tuple[SeriesKey, str, Any, Any, Any]]:
         """``Store.series_arrays``."""
         import numpy as np
 
         for sid, key, family_type in self.select_series(name, matchers):
+            if keep is not None and not keep(key):
+                continue
             rows = self._query(f"read points of {name!r}", _POINTS,
                                {"ids": json.dumps([sid]), "lo": int(start_ms),
                                 "hi": int(end_ms)})

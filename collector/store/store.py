@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -169,13 +169,14 @@ class Store:
 
     def series_arrays(
         self, name: str, matchers: StoreMatchers, start_ms: int, end_ms: int,
+        keep: Callable[[SeriesKey], bool] | None = None,
     ) -> Iterator[tuple[SeriesKey, str, Any, Any, Any]]:
         """One matching series at a time, in key order: ``(key, family type, ts, values,
         stale)`` with ``start_ms <= ts <= end_ms`` as numpy arrays (int64 ms, float64 with NaN
         at a staleness marker, the markers' bool mask). Series without points are skipped.
         For reads of many samples (a month of a histogram) that should not all be held as
-        ``Point`` objects at once."""
-        return self._reader.series_arrays(name, matchers, start_ms, end_ms)
+        ``Point`` objects at once. ``keep``: read only the series it accepts."""
+        return self._reader.series_arrays(name, matchers, start_ms, end_ms, keep)
 
     def last_points(
         self,

@@ -45,7 +45,7 @@ from slo.objectives.burn_rate import (
 from slo.objectives.sli import error_ratio
 from slo.objectives.spec import SloSpec, effective_slos
 from slo.promql.lookup import FloatArray
-from slo.promql.tracks import Grid
+from slo.promql.tracks import Grid, Track
 from slo.sources.protocol import RangeSource, RequestLog
 from vigil.config import Config
 from vigil.durations import format_duration
@@ -58,6 +58,7 @@ __all__ = [
     "MissedBurn",
     "SloBacktest",
     "backtest",
+    "backtest_slo",
     "budget_consumed",
 ]
 
@@ -76,7 +77,8 @@ class AlertEpisode:
     """One firing of ``ErrorBudgetBurn`` of one severity: Unix seconds; ``end`` the
     resolved time (``None``: still firing at the end of the history); ``budget_consumed``
     a ratio of the period's budget; ``detection_delay_s`` ``None`` when the shortest window
-    never burned above the firing row's factor before the start."""
+    never burned above the firing row's factor before the start, or already did at the first
+    instant of the history (the burn began before it)."""
 
     severity: str
     start: float
@@ -133,6 +135,7 @@ class SloBacktest:
     base_window_s: float
     burn: FloatArray = field(repr=False)
     firing: dict[str, np.ndarray] = field(repr=False)
+    ratios: dict[float, Track] = field(repr=False, default_factory=dict)
 
     def count(self, severity: str) -> int:
         """Alerts of ``severity``."""
@@ -212,13 +215,18 @@ def _peak(values: FloatArray) -> float | None:
     return float(finite.max()) if finite.size else None
 
 
-def _slo(spec: SloSpec, config: Config, source: RangeSource, grid: Grid, *,
-         missed_share: float, quiet_share: float,
-         request_log: RequestLog | None) -> SloBacktest:
+def backtest_slo(spec: SloSpec, config: Config, source: RangeSource, grid: Grid, *,
+                 missed_share: float = DEFAULT_MISSED_SHARE,
+                 quiet_share: float = DEFAULT_QUIET_SHARE,
+                 request_log: RequestLog | None = None,
+                 ratios: dict[float, Track] | None = None) -> SloBacktest:
+    """One SLO over ``grid``. ``ratios``: its error ratio per window when already known (an
+    objective changes the budget, not the ratio: the what-if reuses them)."""
     rows = tuple(slo_burn_alerts(config.engine.burn_rate_alerts, spec.period_s))
     windows = burn_windows(rows)
     base = windows[0]
-    ratios = sli_tracks(spec, source, grid, windows, request_log=request_log)
+    if ratios is None:
+        ratios = sli_tracks(spec, source, grid, windows, request_log=request_log)
     budget = spec.error_budget
     with np.errstate(all="ignore"):
         burns = {w: (t.values / budget if budget > 0 else np.full(grid.n, np.nan))
@@ -245,13 +253,16 @@ def _slo(spec: SloSpec, config: Config, source: RangeSource, grid: Grid, *,
                                        request_log=request_log)
             earliest = max(0, a - int(row.long_window // step_s))
             begun = onset(burns[base], row.factor, a, earliest)
+            if begun == 0:
+                begun = None  # burning since before the history began: the onset is unknown
             episodes.append(AlertEpisode(
                 severity=severity, start=float(instants[a]), end=end,
                 peak_burn_rate=_peak(burns[watched][a:b]),
                 budget_consumed=consumed,
                 detection_delay_s=None if begun is None else float(instants[a] - instants[begun]),
                 factor=row.factor, long_window=row.long_window, short_window=row.short_window,
-                quiet=consumed is not None and consumed < quiet_share,
+                # One still firing at the end of the history is not judged yet.
+                quiet=end is not None and consumed is not None and consumed < quiet_share,
             ))
     episodes.sort(key=lambda e: (e.start, e.severity))
     quiet = ~np.logical_or.reduce(list(firing.values())) if firing else np.ones(grid.n, bool)
@@ -275,7 +286,7 @@ def _slo(spec: SloSpec, config: Config, source: RangeSource, grid: Grid, *,
             break
     return SloBacktest(spec=spec, rows=rows, alerts=episodes, missed_burns=missed,
                        budget_remaining=periods[0][2], periods=periods, base_window_s=base,
-                       burn=burns[base], firing=firing)
+                       burn=burns[base], firing=firing, ratios=ratios)
 
 
 def backtest(config: Config, source: RangeSource, start_s: float, end_s: float, *,
@@ -290,8 +301,9 @@ def backtest(config: Config, source: RangeSource, start_s: float, end_s: float, 
     step = float(interval_s if interval_s is not None else config.rules.interval)
     grid = Grid.between(math.ceil(start_s * 1000), math.floor(end_s * 1000), round(step * 1000))
     specs = list(slos) if slos is not None else effective_slos(config)
-    results = [_slo(spec, config, source, grid, missed_share=missed_share,
-                    quiet_share=quiet_share, request_log=request_log) for spec in specs]
+    results = [backtest_slo(spec, config, source, grid, missed_share=missed_share,
+                            quiet_share=quiet_share, request_log=request_log)
+               for spec in specs]
     return Backtest(start=grid.start_ms / 1000, end=grid.end_ms / 1000, interval_s=step,
                     source=getattr(source, "kind", type(source).__name__), slos=results,
                     grid=grid)

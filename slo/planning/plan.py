@@ -355,11 +355,13 @@ def _today_profile(pool: PoolConfig, candidates: Sequence[CapacityProfile]
 
 def plan(config: Config, pool: PoolConfig, traffic: TrafficForecast,
          candidates: Sequence[CapacityProfile], *, levers: Levers | None = None,
-         respect_max_replicas: bool = False) -> PlanResult:
+         respect_max_replicas: bool = False,
+         required: Sequence[SloTarget] | None = None) -> PlanResult:
     """Size every candidate profile for ``traffic`` and rank them (see the module docstring).
 
     Candidates of another model than the pool's, or of a GPU without a price in ``[prices]``,
-    are left out (named in ``notes``)."""
+    are left out (named in ``notes``). ``required``: the latency SLOs a plan must meet
+    (default: the pool's now, ``required_slos``), for asking what another SLO would cost."""
     step = config.capacity.plan_step
     curve = traffic.day_curve(step)
     requests_per_day = traffic.requests_per_day()
@@ -372,7 +374,8 @@ def plan(config: Config, pool: PoolConfig, traffic: TrafficForecast,
             levers.sources.get("mean_output_tokens", ""),
             "each profile's μ scaled by its output tokens / this mean (GPU time taken as "
             "proportional to output tokens)"))
-    required = required_slos(config, pool)
+    if required is None:
+        required = required_slos(config, pool)
     notes: list[str] = []
     plans = []
     for profile in candidates:

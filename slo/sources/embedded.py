@@ -368,10 +368,9 @@ class EmbeddedSource:
         lo = grid.start_ms - max(ranges.values(), default=0)
         keep_by = frozenset(by)
         sums: dict[float, dict[Labels, TrackSum]] = {w: {} for w in windows_s}
+        chosen = None if keep is None else (lambda key: keep(key.labels))
         for key, _, ts, vals, stale in self.store.series_arrays(metric, matchers, lo,
-                                                                grid.end_ms):
-            if keep is not None and not keep(key.labels):
-                continue
+                                                                grid.end_ms, chosen):
             group = tuple((k, v) for k, v in key.labels if k in keep_by)
             for w, range_ms in ranges.items():
                 track = increase_track(ts, vals, stale, instants, range_ms, self.semantics)
