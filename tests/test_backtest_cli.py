@@ -16,7 +16,7 @@ from support.backtest_history import History, Replica, between, write_store
 
 from collector.store import Store
 from vigil.errors import UsageError
-from vigil_shell.slo_backtest_cli import add_arguments, parse_time, run
+from vigil_shell.slo_backtest_cli import add_arguments, format_table, parse_time, run
 
 HOUR = 3600.0
 START = 1_790_000_000.0 - 1_790_000_000.0 % 86400.0
@@ -122,6 +122,6 @@ def test_what_if_rows_and_their_table(config_file: Path) -> None:
     for r in rows:
         assert (r["cost"] is None) != (r["cost_note"] is None), r
     assert [a["threshold_seconds"] for a in doc["slos"]["chat-ttft"]["attainment"]] == [2.5]
-    text = _run(*argv)
+    text = format_table(doc)
     assert "What if — chat-ttft:" in text
     assert "95%     2.5 s       0.0         0.0      0       –  100.0%" in text

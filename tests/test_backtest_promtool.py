@@ -132,13 +132,16 @@ def _values(samples: Sequence[tuple[int, float]]) -> str:
 
 def _document(config: Config, result: Backtest, series: Sequence[PromSeries],
               flip: tuple[str, str, int] | None = None) -> dict[str, Any]:
+    """The promtool test file; with ``flip``, one state flipped and the tests ending at it
+    (promtool evaluates only up to the last instant a test names)."""
     generated = generate(config)
     rules = {(r.origin.slo, r.origin.severity): r
              for g in generated.alert_groups for r in g.rules
              if r.alert == ALERT_ERROR_BUDGET_BURN}
     instants = result.grid.instants_ms()
     tests = []
-    for i, at_ms in enumerate(instants.tolist()):
+    last = flip[2] if flip is not None else len(instants) - 1
+    for i, at_ms in enumerate(instants.tolist()[:last + 1]):
         alerts = []
         for s in result.slos:
             for severity, state in s.firing.items():

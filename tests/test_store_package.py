@@ -25,7 +25,8 @@ def test_store_methods() -> None:
     assert public == {
         "close", "compact", "counter_windows", "downsampled_before_ms", "forget_target",
         "frame", "gauge_windows", "last_points",
-        "metric_names", "open_readonly", "points", "series", "set_target_health",
+        "metric_names", "open_readonly", "points", "series", "series_arrays",
+        "set_target_health",
         "target_health", "transaction", "write",
     }
 

@@ -246,7 +246,8 @@ def backtest_slo(spec: SloSpec, config: Config, source: RangeSource, grid: Grid,
             row_i = next(i for i, f in enumerate(per_row) if f[a])
             row = mine[row_i]
             end = float(instants[b]) if b < grid.n else None
-            span_end = end if end is not None else float(instants[-1]) + step_s
+            # Still firing at the end: counted up to the history's last instant, not beyond.
+            span_end = end if end is not None else float(instants[-1])
             # The span opens one interval before the first firing evaluation: the
             # evaluation before it saw nothing to fire on.
             consumed = budget_consumed(spec, source, float(instants[a]) - step_s, span_end,

@@ -8,15 +8,16 @@ Prometheus evaluates it at that instant. The few instants numpy cannot answer in
 latency histogram some of whose buckets are missing there) are asked of the engine itself,
 one by one.
 
-Per-endpoint SLOs are counted from the gateway's records (``error_ratio`` with the request
-log), one instant at a time.
+Per-endpoint SLOs, and availability where the gateway's records hold the SLO's requests, are
+counted from those records: read once, then counted for every window at every instant from
+cumulative sums over their finish times.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from slo.promql.tracks import Grid, Track, absent, avg_tracks, fraction_below
 from slo.sources.protocol import RangeSource, RequestLog, Source, with_equal
 from vigil.conventions import (
     ENDPOINT_ALL,
+    ERROR_CLIENT_CANCEL,
     FINISHED_REASON_ERROR,
     HTTP_METHOD_POST,
     HTTP_STATUS_5XX_REGEX,
@@ -40,6 +42,7 @@ from vigil.conventions import (
     VLLM_REQUEST_SUCCESS,
     VLLM_TTFT,
 )
+from vigil.model import RequestRecord
 
 __all__ = ["latency_bounds", "sli_tracks"]
 
@@ -192,6 +195,77 @@ _BULK = {
 }
 
 
+class _LogCounts:
+    """The gateway's records of one SLO's pool, model and endpoint over the history, counted
+    for the window ``(t - w, t]`` ending at every instant ``t`` of the grid (the window
+    ``RequestLog.records`` answers), from cumulative sums over their finish times."""
+
+    def __init__(self, spec: SloSpec, log: RequestLog, grid: Grid, longest_s: float) -> None:
+        end = grid.end_ms / 1000
+        span = end - grid.start_ms / 1000 + longest_s
+        self.records = sorted(
+            (r for r in log.records(spec.pool, end, span)
+             if r.model == spec.model
+             and (spec.endpoint == ENDPOINT_ALL or r.endpoint == spec.endpoint)),
+            key=lambda r: r.ts_s)
+        self.ts = np.array([r.ts_s for r in self.records], dtype=np.float64)
+        self.instants = grid.instants_ms() / 1000
+
+    def mask(self, test: Callable[[RequestRecord], bool]) -> BoolArray:
+        return np.fromiter((test(r) for r in self.records), dtype=np.bool_,
+                           count=len(self.records))
+
+    def count(self, mask: BoolArray, window_s: float) -> np.ndarray:
+        """Per instant, the records of ``mask`` that finished in its window."""
+        sums = np.concatenate(([0], np.cumsum(mask, dtype=np.int64)))
+        lo = np.searchsorted(self.ts, self.instants - window_s, side="right")
+        hi = np.searchsorted(self.ts, self.instants, side="right")
+        return sums[hi] - sums[lo]
+
+
+def _counted(bad: np.ndarray, total: np.ndarray) -> Track:
+    """``float(bad) / float(total)`` where ``total`` is positive (the log's SLIs)."""
+    ok = total > 0
+    with np.errstate(all="ignore"):
+        return Track(np.where(ok, bad.astype(np.float64) / total.astype(np.float64), np.nan),
+                     ok)
+
+
+def _from_log(spec: SloSpec, source: RangeSource, grid: Grid, windows: Sequence[float],
+              log: RequestLog) -> dict[float, Track]:
+    """``error_ratio`` with the request log at every instant (``slo.objectives.sli``'s
+    ``_availability_from_log`` and ``_from_request_log``, counted in bulk)."""
+    if spec.indicator == INDICATOR_REPLICA_UP:  # measured per replica: no endpoint
+        return {w: absent(grid.n) for w in windows}
+    counts = _LogCounts(spec, log, grid, max(windows))
+    if spec.indicator == "availability":
+        everyone = np.ones(len(counts.records), dtype=np.bool_)
+        answered = counts.mask(lambda r: r.error_class != ERROR_CLIENT_CANCEL)
+        failed = answered & counts.mask(lambda r: r.error or r.status >= 500)
+        fallback = (_availability(spec, source, grid, windows) if spec.endpoint == ENDPOINT_ALL
+                    else {w: absent(grid.n) for w in windows})
+        out = {}
+        for w in windows:
+            seen = counts.count(everyone, w) > 0
+            ratio = _counted(counts.count(failed, w), counts.count(answered, w))
+            # No record of the SLO's requests in the window: the engine reads the replicas'
+            # 5xx answers instead (every endpoint) or has no number (one endpoint).
+            out[w] = Track(np.where(seen, ratio.values, fallback[w].values),
+                           np.where(seen, ratio.present, fallback[w].present))
+        return out
+    served = counts.mask(lambda r: r.error or not r.error_class)
+    if spec.is_latency:
+        threshold = spec.threshold_seconds
+        latency = [r.ttft_s if spec.indicator == "ttft" else r.e2e_s for r in counts.records]
+        observed = served & counts.mask(lambda r: not r.error) & np.array(
+            [v is not None for v in latency], dtype=np.bool_)
+        slow = observed & np.array([v is not None and threshold is not None and v > threshold
+                                    for v in latency], dtype=np.bool_)
+        return {w: _counted(counts.count(slow, w), counts.count(observed, w)) for w in windows}
+    failed = served & counts.mask(lambda r: r.error)
+    return {w: _counted(counts.count(failed, w), counts.count(served, w)) for w in windows}
+
+
 def sli_tracks(spec: SloSpec, source: RangeSource, grid: Grid, windows: Sequence[float], *,
                request_log: RequestLog | None = None) -> dict[float, Track]:
     """Per window (seconds), the SLO's error ratio (0-1) at every instant of ``grid``:
@@ -199,11 +273,12 @@ def sli_tracks(spec: SloSpec, source: RangeSource, grid: Grid, windows: Sequence
     is ``None``. Availability SLOs the gateway's records cover, and per-endpoint SLOs, are
     counted from ``request_log`` as the engine counts them."""
     windows = sorted(set(windows))
+    if spec.endpoint != ENDPOINT_ALL and request_log is None:
+        return {w: absent(grid.n) for w in windows}  # REASON_ENDPOINT
     if spec.endpoint != ENDPOINT_ALL or (spec.indicator == "availability"
                                          and request_log is not None):
-        everywhere = np.ones(grid.n, dtype=np.bool_)
-        return {w: _fill_one_by_one(spec, source, grid, w, everywhere, absent(grid.n),
-                                    request_log) for w in windows}
+        assert request_log is not None
+        return _from_log(spec, source, grid, windows, request_log)
     if spec.indicator not in _BULK:
         raise ValueError(f"SLO {spec.name!r}: unknown indicator {spec.indicator!r}")
     return _BULK[spec.indicator](spec, source, grid, windows)
