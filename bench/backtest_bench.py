@@ -4,7 +4,8 @@ Run: ``.venv/bin/python bench/backtest_bench.py [--replicas 20] [--days 30] [--i
 [--prometheus] [--data DIR]``
 
 The data is ``bench/slo_bench.py``'s (one pool, its histograms with vLLM's bucket lists, a
-diurnal load, a down stretch, two counter resets), built once and cached in ``--data``. Times
+diurnal load, a down stretch, two counter resets), built once and cached in ``--data``
+(the system's temporary folder by default). Times
 the backtest of the pool's default SLOs (TTFT, e2e, error rate; availability counts 5xx
 answers, which the synthetic fleet does not expose) over the whole history at the rules'
 evaluation interval, with the default alert table (windows up to 3 days), under both PromQL
@@ -20,6 +21,7 @@ import argparse
 import resource
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--days", type=float, default=30.0)
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between instants")
     parser.add_argument("--prometheus", action="store_true")
-    parser.add_argument("--data", type=Path, default=Path("/tmp/vigil-slo-bench"))
+    # The same cache as bench/slo_bench.py: its data is built once for both.
+    parser.add_argument("--data", type=Path,
+                        default=Path(tempfile.gettempdir()) / "vigil-slo-bench")
     args = parser.parse_args(argv)
 
     size = slo_bench.Size(args.replicas, args.days)

@@ -10,6 +10,7 @@ prometheus_url``) with range queries.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from datetime import UTC, datetime
@@ -37,10 +38,8 @@ _NULL = "–"
 def parse_time(text: str) -> float:
     """Unix seconds from ``text``: a number of seconds, or an ISO 8601 date or time (UTC
     when it names no zone). Raises ``argparse.ArgumentTypeError`` otherwise."""
-    try:
+    with contextlib.suppress(ValueError):
         return float(text)
-    except ValueError:
-        pass
     try:
         when = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
