@@ -125,3 +125,26 @@ def test_what_if_rows_and_their_table(config_file: Path) -> None:
     text = format_table(doc)
     assert "What if — chat-ttft:" in text
     assert "95%     2.5 s       0.0         0.0      0       –  100.0%" in text
+
+
+def test_the_scaling_scorecard_in_the_json_and_the_table(config_file: Path) -> None:
+    doc = json.loads(_run("--config", str(config_file), "--since", "8h", "--json",
+                          "--scaling-interval", "1m"))
+    card = doc["scaling"]["chat"]
+    assert card["decisions"] == "replay" and card["interval_seconds"] == 60.0
+    assert card["evaluations"] == 8 * 60 + 1 and card["slos"] == ["chat-ttft"]
+    assert set(card["triggers"]) == {"kv_cache_usage", "queue_length", "ttft_p95_seconds"}
+    # The slow hour is one burn, and TTFT p95 (over 0.64 s) was the trigger that saw it.
+    (burn,) = card["burns"]
+    assert burn["first_trigger"] == "ttft_p95_seconds"
+    text = format_table(doc)
+    assert "Scaling advice — pool chat (replayed, every 1m; 481 evaluations; judged by " \
+           "chat-ttft):" in text
+    assert "TTFT" in text and "median lead" in text
+    assert "scaling" not in json.loads(_run("--config", str(config_file), "--since", "8h",
+                                            "--json", "--no-scaling"))
+
+
+def test_a_scaling_interval_off_the_scrape_grid_is_refused(config_file: Path) -> None:
+    with pytest.raises(UsageError, match="multiple of the scrape interval"):
+        _run("--config", str(config_file), "--since", "1h", "--scaling-interval", "20s")

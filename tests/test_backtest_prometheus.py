@@ -19,6 +19,7 @@ from support.prometheus import PrometheusServer, run_prometheus
 
 from collector.store import Store
 from slo.backtest.run import backtest
+from slo.backtest.scorecard import scorecards
 from slo.promql.tracks import Grid
 from slo.sources.embedded import EmbeddedSource
 from slo.sources.prometheus import PrometheusSource
@@ -64,6 +65,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Config, Pa
         ttft_bad=between(START + 3 * HOUR, START + 4 * HOUR, 0.3, 0.005),
         e2e_bad=between(START + 6 * HOUR, START + 10 * HOUR, 0.05),
         errors=between(START + 7 * HOUR, START + 8 * HOUR, 0.04, 0.0005),
+        # Scaling signals that cross the policy's thresholds both ways (KV usage 0.8 and
+        # 0.3, queue 50 summed over the replicas).
+        kv_usage=lambda t: 0.5 + 0.45 * math.sin((t - START) / (1.5 * HOUR)),
+        waiting=lambda t: max(0.0, round(30 * math.sin((t - START) / (2.5 * HOUR)))),
     ).build()
     with Store(folder / "vigil.db") as store:
         write_store(store, series)
@@ -95,6 +100,23 @@ def test_the_json_is_the_same_from_both_sources(setup: Any) -> None:
     assert embedded.pop("source") == "embedded" and remote.pop("source") == "prometheus"
     alerts = sum(len(s["alerts"]) for s in embedded["slos"].values())
     assert alerts >= 4, embedded
+    _close(embedded, remote)
+
+
+def test_the_scaling_scorecard_is_the_same_from_both_sources(setup: Any) -> None:
+    config, store_path, server = setup
+    with Store(store_path, readonly=True) as store:
+        source = EmbeddedSource(store, semantics="2")
+        result = backtest(config, source, START, END)
+        embedded = {k: c.to_dict() for k, c in scorecards(result, source, config).items()}
+    with PrometheusSource(server.base_url, semantics="2") as remote_source:
+        result = backtest(config, remote_source, START, END)
+        remote = {k: c.to_dict() for k, c in scorecards(result, remote_source,
+                                                         config).items()}
+    card = embedded["chat"]
+    assert card["evaluations"] == 14 * 240 + 1
+    assert card["scale_outs"] and card["scale_ins"] and card["burns"], card
+    assert {t["firings"] > 0 for t in card["triggers"].values()} == {True}
     _close(embedded, remote)
 
 

@@ -23,10 +23,18 @@ from slo.backtest.sli import latency_bounds, sli_tracks
 from slo.objectives.sli import error_ratio
 from slo.objectives.spec import SloSpec
 from slo.promql.aggregate import sum_by
-from slo.promql.lookup import Semantics
+from slo.promql.lookup import Semantics, instant_value
 from slo.promql.quantile import bucket_fraction_below
 from slo.promql.rate import increase
-from slo.promql.tracks import Grid, Track, avg_tracks, fraction_below, increase_track, sum_tracks
+from slo.promql.tracks import (
+    Grid,
+    Track,
+    avg_tracks,
+    fraction_below,
+    increase_track,
+    instant_track,
+    sum_tracks,
+)
 from slo.sources.embedded import EmbeddedSource, avg_aggregate
 from vigil.model import RequestRecord, SeriesKey, labels_of
 
@@ -82,6 +90,24 @@ def test_increase_track_is_increase_at_every_instant(semantics: Semantics, seed:
             want = increase(ts, values, at_ms / 1000, range_ms / 1000, semantics)
             got = float(track.values[i]) if track.present[i] else None
             assert _same(got, want), (range_ms, at_ms, got, want)
+
+
+@pytest.mark.parametrize("semantics", SEMANTICS)
+@pytest.mark.parametrize("seed", range(3))
+def test_instant_track_is_the_instant_selector_at_every_instant(semantics: Semantics,
+                                                                 seed: int) -> None:
+    rng = random.Random(100 + seed)
+    ts, vals, stale = _random_counter(rng, 400)
+    instants = np.arange(ts[0] - 60_000, ts[-1] + 400_000, 7_000, dtype=np.int64)
+    # On samples, and exactly one lookback after samples (the edge 2.x and 3.x disagree on).
+    instants = np.sort(np.concatenate([instants, ts[::17], ts[::13] + 300_000]))
+    for lookback_ms in (300_000, 60_000):
+        track = instant_track(ts, vals, stale, instants, lookback_ms, semantics)
+        for i, at_ms in enumerate(instants.tolist()):
+            want = instant_value(ts, vals, at_ms / 1000, lookback_ms / 1000, semantics,
+                                 stale=stale)
+            got = float(track.values[i]) if track.present[i] else None
+            assert _same(got, want), (lookback_ms, at_ms, got, want)
 
 
 @pytest.mark.parametrize("semantics", SEMANTICS)

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from slo.backtest.whatif import Costing
 from slo.sources.open import open_source, request_log
-from slo.sources.protocol import Source
+from slo.sources.protocol import RangeSource, Source
 from vigil.cli_options import (
     add_config_option,
     add_json_option,
@@ -93,6 +93,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the thresholds whose attainment per day is shown")
     parser.add_argument("--no-attainment", action="store_true",
                         help="skip the attainment per day and week of latency thresholds")
+    parser.add_argument("--no-scaling", action="store_true",
+                        help="skip the scaling-advice scorecard")
+    parser.add_argument("--scaling-interval", type=positive_duration_arg, metavar="DURATION",
+                        help="how often the scaling policy is replayed (default: [collector] "
+                             "scrape_interval, as vigil serve decides; a multiple of it)")
     add_json_option(parser)
     add_prometheus_url_option(parser, help="read the history from this Prometheus-compatible "
                                            "API (default: [engine] prometheus_url)")
@@ -118,6 +123,7 @@ def run(args: argparse.Namespace, *, clock: Clock = system_clock,
     """Replay and print; returns the exit code (errors are raised as ``VigilError``)."""
     from slo.backtest.attainment import attainment
     from slo.backtest.run import backtest
+    from slo.backtest.scorecard import scorecards
     from slo.backtest.whatif import what_if
 
     stream = out if out is not None else sys.stdout
@@ -126,6 +132,9 @@ def run(args: argparse.Namespace, *, clock: Clock = system_clock,
     log = request_log(config)
     with open_source(config, args.config, prometheus_url=args.prometheus_url or "",
                      semantics=args.promql_semantics) as source:
+        if not isinstance(source, RangeSource):
+            raise UsageError(f"{source!r} cannot answer range queries: the backtest needs "
+                             "the embedded store or a Prometheus API")
         result = backtest(config, source, start, end, interval_s=args.interval,
                           missed_share=args.missed_share, quiet_share=args.quiet_share,
                           request_log=log)
@@ -146,6 +155,12 @@ def run(args: argparse.Namespace, *, clock: Clock = system_clock,
             span = result.end - result.start + result.interval_s
             doc["what_if"] = {name: [r.to_dict(span) for r in rows]
                               for name, rows in table.items()}
+        if not args.no_scaling:
+            try:
+                cards = scorecards(result, source, config, every_s=args.scaling_interval)
+            except ValueError as exc:  # a decision interval off the scrape grid
+                raise UsageError(f"--scaling-interval: {exc}") from None
+            doc["scaling"] = {name: card.to_dict() for name, card in cards.items()}
     if args.json:
         stream.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
     else:
@@ -236,7 +251,69 @@ def format_table(doc: dict[str, Any]) -> str:
                          f"{_delay(r['median_detection_delay_seconds']):>7} "
                          f"{_pct(r['budget_remaining']):>7}  {priced}")
         lines.append("")
+    for name, card in doc.get("scaling", {}).items():
+        lines += _scaling_lines(name, card)
     return "\n".join(lines).rstrip()
+
+
+#: Scale-outs and scale-ins listed one per line; the rest are counted.
+_LISTED = 20
+_TRIGGER_NAMES = {"kv_cache_usage": "KV-cache usage", "queue_length": "queue length",
+                  "ttft_p95_seconds": "TTFT"}
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _scaling_lines(pool: str, card: dict[str, Any]) -> list[str]:
+    """One pool's scaling-advice scorecard as report lines."""
+    how = {"replay": "replayed", "kept": "vigil serve's kept decisions",
+           "kept+replay": f"{card['kept_evaluations']} kept, the rest replayed"}[
+        card["decisions"]]
+    lines = [f"Scaling advice — pool {pool} ({how}, every "
+             f"{format_duration(card['interval_seconds'])}; {card['evaluations']} evaluations;"
+             f" judged by {', '.join(card['slos']) or _NULL}):"]
+    outs = card["scale_outs"]
+    outcomes: dict[str, int] = {}
+    for o in outs:
+        outcomes[o["outcome"]] = outcomes.get(o["outcome"], 0) + 1
+    lines.append(f"  {_count(len(outs), 'scale-out')}" + (
+        f": {', '.join(f'{n} {k}' for k, n in sorted(outcomes.items()))}" if outs else ""))
+    for o in outs[:_LISTED]:
+        after = o["burn_stopped_after_seconds"] or o["burn_began_after_seconds"]
+        when = f" after {_delay(after)}" if after is not None else ""
+        trig = ", ".join(_TRIGGER_NAMES.get(t, t) for t in o["triggers"]) or _NULL
+        lines.append(f"    {_time(o['at'])}  {o['current']} → {o['desired']}  on {trig}: "
+                     f"{o['outcome']}{when}; +{o['replicas_added']} up by "
+                     f"{_time(o['deadline'])}")
+    if len(outs) > _LISTED:
+        lines.append(f"    … {len(outs) - _LISTED} more")
+    ins = card["scale_ins"]
+    judged = [s for s in ins if s["too_late"] is not None]
+    late = [s for s in judged if s["too_late"]]
+    wasted = sum(s["gpu_hours_above_lower_bound"] or 0.0 for s in late)
+    lines.append(f"  {_count(len(ins), 'scale-in')}" + (
+        f": {len(late)} of {len(judged)} judged too late, {wasted:.1f} GPU-hours above the "
+        "lower bound while waiting" if judged else ""))
+    for s in late[:_LISTED]:
+        lines.append(f"    {_time(s['at'])}  {s['current']} → {s['desired']}: the lower "
+                     f"bound allowed it from {_time(s['lower_bound_since'])}, "
+                     f"{_delay(s['late_by_seconds'])} beyond the hold; "
+                     f"{s['gpu_hours_above_lower_bound']:.2f} GPU-hours above the bound")
+    lines.append(f"  {_count(len(card['burns']), 'burn')}; triggers:")
+    lines.append(f"    {'trigger':<15} {'threshold':>9} {'firings':>7} {'early':>5} "
+                 f"{'late':>4} {'noise':>5} {'warned':>6} {'first':>5}  median lead")
+    for sig, t in card["triggers"].items():
+        threshold = _NULL if t["threshold"] is None else f"{t['threshold']:g}"
+        warned = f"{t['burns_warned']}/{t['burns_warned'] + t['burns_missed']}"
+        lines.append(f"    {_TRIGGER_NAMES.get(sig, sig):<15} {threshold:>9} "
+                     f"{t['firings']:>7} {t['early_warnings']:>5} {t['late']:>4} "
+                     f"{t['noise']:>5} {warned:>6} {t['first']:>5}  "
+                     f"{_delay(t['median_lead_seconds'])}")
+    lines += [f"  note: {n}" for n in card["notes"]]
+    lines.append("")
+    return lines
 
 
 def _ms(seconds: float) -> str:

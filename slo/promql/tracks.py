@@ -31,6 +31,7 @@ __all__ = [
     "avg_tracks",
     "fraction_below",
     "increase_track",
+    "instant_track",
     "mean_over_time_track",
     "sum_tracks",
 ]
@@ -143,6 +144,26 @@ def increase_track(ts: IntArray, vals: FloatArray, stale: BoolArray | None,
             factor = (sampled + to_start + to_end) / sampled
         values = result * factor
     return Track(np.where(present, values, np.nan), present)
+
+
+def instant_track(ts: IntArray, vals: FloatArray, stale: BoolArray | None,
+                  instants_ms: IntArray, lookback_ms: int, semantics: Semantics) -> Track:
+    """An instant selector ``x`` of one series at every instant
+    (``slo.promql.lookup.instant_value``): the newest sample at or before the instant, within
+    the lookback (2.x: ``ts >= t - lookback``, 3.x: ``ts > t - lookback``), absent when that
+    sample is a staleness marker. A NaN sample is present as NaN."""
+    n_inst = instants_ms.size
+    if ts.size == 0:
+        return absent(n_inst)
+    i = np.searchsorted(ts, instants_ms, side="right") - 1
+    safe = np.maximum(i, 0)
+    newest = ts[safe]
+    oldest = instants_ms - lookback_ms
+    present = (i >= 0) & ((newest > oldest) if semantics is Semantics.V3
+                          else (newest >= oldest))
+    if stale is not None:
+        present &= ~stale[safe]
+    return Track(np.where(present, vals[safe], np.nan), present)
 
 
 class TrackSum:

@@ -40,7 +40,14 @@ from slo.promql.quantile import Bucket, parse_le
 # The extrapolation step of extrapolatedRate, shared so that the rollup path below cannot
 # drift from slo.promql.rate's arithmetic.
 from slo.promql.rate import _extrapolation_factor, increase
-from slo.promql.tracks import Grid, Track, TrackSum, increase_track, mean_over_time_track
+from slo.promql.tracks import (
+    Grid,
+    Track,
+    TrackSum,
+    increase_track,
+    instant_track,
+    mean_over_time_track,
+)
 from slo.sources.protocol import BucketTracks, LeChoice, Matchers, Tracks
 from vigil.conventions import LABEL_LE, SOURCE_EMBEDDED, SUFFIX_BUCKET
 from vigil.model import Labels, Point, SeriesKey
@@ -425,6 +432,20 @@ class EmbeddedSource:
                                              self.semantics)
                 if track.present.any():
                     out[w][key.labels] = track
+        return out
+
+    def instant_range(self, metric: str, matchers: Matchers, grid: Grid) -> dict[Labels, Track]:
+        """``metric{matchers}`` per series at every instant of ``grid``: each series' latest
+        value within the lookback (``slo.promql.tracks.instant_track``), as ``instant`` gives
+        it instant by instant."""
+        instants = grid.instants_ms()
+        lookback_ms = duration_ms(self.lookback_s)
+        out: dict[Labels, Track] = {}
+        for key, _, ts, vals, stale in self.store.series_arrays(
+                metric, matchers, grid.start_ms - lookback_ms, grid.end_ms):
+            track = instant_track(ts, vals, stale, instants, lookback_ms, self.semantics)
+            if track.present.any():
+                out[key.labels] = track
         return out
 
     def downsampled(self) -> tuple[int, float] | None:

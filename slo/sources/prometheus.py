@@ -423,6 +423,10 @@ class PrometheusSource:
         return {w: self._tracks(f"avg_over_time({selector(metric, matchers)}"
                                 f"[{format_duration_ms(w)}])", grid) for w in windows_s}
 
+    def instant_range(self, metric: str, matchers: Matchers, grid: Grid) -> dict[Labels, Track]:
+        """``metric{matchers}`` per series at every instant of ``grid``: one range query."""
+        return self._tracks(selector(metric, matchers), grid)
+
 
 def _http_error(text: str) -> str:
     """Prometheus's own ``error`` from prometheus_api_client's "HTTP Status Code N (b'...')"

@@ -169,6 +169,11 @@ class RangeSource(Source, Protocol):
         """``avg_over_time(metric{matchers}[w])`` per series at every instant."""
         ...
 
+    def instant_range(self, metric: str, matchers: Matchers, grid: Grid) -> dict[Labels, Track]:
+        """``metric{matchers}`` per series at every instant (each series' latest value
+        within the lookback, as ``instant`` gives it)."""
+        ...
+
 
 @runtime_checkable
 class Downsampled(Protocol):

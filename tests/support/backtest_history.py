@@ -85,6 +85,9 @@ class History:
     ttft_bad: Share = never
     e2e_bad: Share = never
     errors: Share = never
+    #: Gauges, when given: each replica's KV-cache usage (ratio 0-1) and waiting requests.
+    kv_usage: Callable[[float], float] | None = None
+    waiting: Callable[[float], float] | None = None
     series: list[PromSeries] = field(default_factory=list)
 
     def build(self) -> list[PromSeries]:
@@ -154,6 +157,10 @@ class History:
                 for le in bounds:
                     put(base + "_bucket", {**labels, "le": le}, ts, counts[f"{base}|{le}"])
                 put(base + "_count", labels, ts, counts[f"{base}|count"])
+            if self.kv_usage is not None:
+                put("vllm:kv_cache_usage_perc", labels, ts, self.kv_usage(t))
+            if self.waiting is not None:
+                put("vllm:num_requests_waiting", labels, ts, self.waiting(t))
         return [PromSeries(name, dict(extra), pts) for (name, extra), pts in samples.items()]
 
     @staticmethod
@@ -168,11 +175,15 @@ class History:
         counts[key] = counts.get(key, 0.0) + n
 
 
+_GAUGES = frozenset({"up", "vllm:kv_cache_usage_perc", "vllm:num_requests_waiting"})
+
+
 def store_rows(series: Iterable[PromSeries]) -> list[tuple[SeriesKey, str, int, float | None]]:
-    """The series as ``Store.write`` rows (counters typed as such, ``up`` a gauge)."""
+    """The series as ``Store.write`` rows (counters typed as such, ``up`` and vLLM's gauges
+    gauges)."""
     rows: list[tuple[SeriesKey, str, int, float | None]] = []
     for s in series:
-        family = "gauge" if s.name == "up" else (
+        family = "gauge" if s.name in _GAUGES else (
             "histogram" if s.name.endswith(("_bucket", "_count")) else "counter")
         key = SeriesKey(s.name, labels_of(dict(s.labels)))
         rows.extend((key, family, ts, None if v is None else float(v)) for ts, v in s.samples)
