@@ -15,7 +15,7 @@ import pytest
 from support.backtest_history import History, Replica, between, write_store
 
 from collector.store import Store
-from vigil.errors import UsageError
+from vigil.errors import ConfigError, UsageError
 from vigil_shell.slo_backtest_cli import add_arguments, format_table, parse_time, run
 
 HOUR = 3600.0
@@ -148,3 +148,42 @@ def test_the_scaling_scorecard_in_the_json_and_the_table(config_file: Path) -> N
 def test_a_scaling_interval_off_the_scrape_grid_is_refused(config_file: Path) -> None:
     with pytest.raises(UsageError, match="multiple of the scrape interval"):
         _run("--config", str(config_file), "--since", "1h", "--scaling-interval", "20s")
+
+
+def test_what_if_under_another_alert_table(config_file: Path, tmp_path: Path) -> None:
+    # "strict": only the 1-hour page row, at twice the budget share (factor 28.8 for a 30-day
+    # SLO); "loose": a fixed factor of 2 over 30 minutes.
+    strict = tmp_path / "strict.toml"
+    strict.write_text('[[alerts]]\nseverity = "page"\nbudget_share = 0.04\n'
+                      'long_window = "1h"\nshort_window = "5m"\n')
+    loose = tmp_path / "loose.toml"
+    loose.write_text('[[engine.burn_rate_alerts]]\nseverity = "page"\nfactor = 2\n'
+                     'long_window = "30m"\nshort_window = "5m"\n')
+    doc = json.loads(_run("--config", str(config_file), "--since", "8h", "--json",
+                          "--alert-table", str(strict), "--alert-table", str(loose),
+                          "--no-scaling", "--no-attainment"))
+    rows = doc["what_if"]["chat-ttft"]
+    assert [r["alert_table"] for r in rows] == ["configured", "strict", "loose"]
+    assert rows[0]["per_30_days"] == doc["slos"]["chat-ttft"]["per_30_days"]
+    # Half the requests slow for an hour (50x): each table pages once. The 1-hour window
+    # crosses 28.8 at 28.8 / 50 of the hour, its 5-minute one 28.8 / 50 of 5 minutes in:
+    # detected 31.7 minutes after that onset (one-minute scrapes). The 30-minute window
+    # crosses 2 at 1.2 minutes.
+    once = rows[0]["per_30_days"]["page"]
+    assert rows[1]["per_30_days"] == {"page": once} and rows[2]["per_30_days"] == {"page": once}
+    strict_delay = rows[1]["median_detection_delay_seconds"]
+    assert strict_delay == pytest.approx(28.8 / 50 * (60 - 5) * 60, abs=60)
+    assert rows[2]["median_detection_delay_seconds"] <= 120
+    text = format_table(doc)
+    assert "  alerts     objective threshold" in text
+    assert "  loose            99%    800 ms      89.9           –" in text
+
+
+def test_a_wrong_alert_table_names_the_file_and_row(config_file: Path,
+                                                    tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[alerts]]\nseverity = "page"\nbudget_share = 0.02\nlong_window = "1h"\n'
+                   'short_window = "5m"\n[[alerts]]\nseverity = "pager"\nfactor = 3\n'
+                   'long_window = "1h"\nshort_window = "5m"\n')
+    with pytest.raises(ConfigError, match=r"bad.toml: alerts\[1\].severity: Input should be"):
+        _run("--config", str(config_file), "--since", "1h", "--alert-table", str(bad))

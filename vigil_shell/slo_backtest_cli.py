@@ -14,6 +14,7 @@ import contextlib
 import json
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TextIO
 
 from slo.backtest.whatif import Costing
@@ -26,7 +27,7 @@ from vigil.cli_options import (
     positive_duration_arg,
 )
 from vigil.clock import Clock, system_clock
-from vigil.config import Config, PoolConfig, load_config
+from vigil.config import Config, PoolConfig, load_alert_table, load_config
 from vigil.durations import format_duration
 from vigil.errors import UsageError
 
@@ -91,6 +92,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=[], metavar="SECONDS",
                         help="what-if: a latency SLO at this threshold too (repeatable); also "
                              "the thresholds whose attainment per day is shown")
+    parser.add_argument("--alert-table", action="append", default=[], metavar="FILE",
+                        help="what-if: the same backtest judged by this alert table too (a TOML "
+                             "file of [[engine.burn_rate_alerts]] or [[alerts]] rows; "
+                             "repeatable)")
     parser.add_argument("--no-attainment", action="store_true",
                         help="skip the attainment per day and week of latency thresholds")
     parser.add_argument("--no-scaling", action="store_true",
@@ -124,11 +129,13 @@ def run(args: argparse.Namespace, *, clock: Clock = system_clock,
     from slo.backtest.attainment import attainment
     from slo.backtest.run import backtest
     from slo.backtest.scorecard import scorecards
-    from slo.backtest.whatif import what_if
+    from slo.backtest.whatif import AlertTable, what_if
 
     stream = out if out is not None else sys.stdout
     config = load_config(args.config)
     start, end = _window(args, clock())
+    # Read before the history is: a wrong file fails at once.
+    tables = [AlertTable(Path(f).stem, tuple(load_alert_table(f))) for f in args.alert_table]
     log = request_log(config)
     with open_source(config, args.config, prometheus_url=args.prometheus_url or "",
                      semantics=args.promql_semantics) as source:
@@ -145,11 +152,11 @@ def run(args: argparse.Namespace, *, clock: Clock = system_clock,
                                   thresholds=args.threshold or None, request_log=log)
                 if rows:
                     doc["slos"][s.spec.name]["attainment"] = rows
-        if args.objective or args.threshold:
+        if args.objective or args.threshold or tables:
             costings = {pool.name: _costing(config, args.config, pool, source, start, end)
                         for pool in config.pools}
             table = what_if(config, source, result.grid, objectives=args.objective,
-                            thresholds=args.threshold, costings=costings,
+                            thresholds=args.threshold, tables=tables, costings=costings,
                             missed_share=args.missed_share, quiet_share=args.quiet_share,
                             request_log=log, slos=[s.spec for s in result.slos])
             span = result.end - result.start + result.interval_s
@@ -236,8 +243,11 @@ def format_table(doc: dict[str, Any]) -> str:
         lines.append("")
     for name, rows in doc.get("what_if", {}).items():
         lines.append(f"What if — {name}:")
-        lines.append(f"  {'objective':>9} {'threshold':>9} {'pages/30d':>9} {'tickets/30d':>11} "
-                     f"{'missed':>6} {'delay':>7} {'budget':>7}  cost")
+        named = [r["alert_table"] for r in rows]
+        width = max(len(n) for n in named) if len(set(named)) > 1 else 0
+        head = f"  {'alerts':<{width}} " if width else "  "
+        lines.append(f"{head}{'objective':>9} {'threshold':>9} {'pages/30d':>9} "
+                     f"{'tickets/30d':>11} {'missed':>6} {'delay':>7} {'budget':>7}  cost")
         for r in rows:
             per = r["per_30_days"]
             cost = r["cost"]
@@ -245,7 +255,8 @@ def format_table(doc: dict[str, Any]) -> str:
                       f"{cost['peak_replicas']} × {cost['configuration']}" if cost
                       else r["cost_note"] or _NULL)
             threshold = _NULL if r["threshold_seconds"] is None else _ms(r["threshold_seconds"])
-            lines.append(f"  {r['objective'] * 100:>8g}% {threshold:>9} "
+            lead = f"  {r['alert_table']:<{width}} " if width else "  "
+            lines.append(f"{lead}{r['objective'] * 100:>8g}% {threshold:>9} "
                          f"{_rate(per.get('page')):>9} {_rate(per.get('ticket')):>11} "
                          f"{r['missed_burns']:>6} "
                          f"{_delay(r['median_detection_delay_seconds']):>7} "

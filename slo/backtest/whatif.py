@@ -1,14 +1,16 @@
-"""What-if: the same backtest over other objectives and thresholds, side by side, with what
-meeting each would have cost.
+"""What-if: the same backtest over other objectives, thresholds and alert tables, side by
+side, with what meeting each would have cost.
 
 For every SLO and every variant (each ``objective`` × each ``threshold`` for a latency SLO;
-the configured values when none are given) one row: pages and tickets per 30 days, missed
-burns, the median detection delay, the budget left at the end, and — for a latency SLO of a
-pool with a capacity profile (saved, observed or estimated: ``slo.planning.candidates``) — the
-cheapest configuration the planner finds that serves the pool's traffic (forecast from the
-same history) within this variant and the pool's other latency SLOs: its replicas at the peak
-and its GPU cost per month. An objective changes the budget, not the error ratio, so the
-ratios are computed once per threshold.
+the configured values when none are given), under the configured alert table and each other
+table given (``AlertTable``: other windows and factors), one row: pages and tickets per 30
+days, missed burns, the median detection delay, the budget left at the end, and — for a
+latency SLO of a pool with a capacity profile (saved, observed or estimated:
+``slo.planning.candidates``) — the cheapest configuration the planner finds that serves the
+pool's traffic (forecast from the same history) within this variant and the pool's other
+latency SLOs: its replicas at the peak and its GPU cost per month. An objective changes the
+budget, not the error ratio, so the ratios are computed once per threshold and window,
+whatever the table that asks for them.
 """
 
 from __future__ import annotations
@@ -24,14 +26,28 @@ from slo.backtest.run import (
     SloBacktest,
     backtest_slo,
 )
+from slo.backtest.sli import sli_tracks
+from slo.objectives.burn_rate import burn_windows, slo_burn_alerts
 from slo.objectives.spec import SloSpec, effective_slos
 from slo.planning.plan import plan, required_slos
 from slo.promql.tracks import Grid, Track
 from slo.sources.protocol import RangeSource, RequestLog
 from vigil.capacity import CapacityProfile, SloTarget
-from vigil.config import Config, PoolConfig
+from vigil.config import BurnRateAlert, Config, PoolConfig
 
-__all__ = ["Costing", "WhatIfRow", "variants", "what_if"]
+__all__ = ["CONFIGURED_TABLE", "AlertTable", "Costing", "WhatIfRow", "variants", "what_if"]
+
+#: The name of the config's own alert table in the what-if rows.
+CONFIGURED_TABLE = "configured"
+
+
+@dataclass(frozen=True)
+class AlertTable:
+    """An alert table to judge the variants with: ``[engine] burn_rate_alerts`` rows under a
+    name (a file's stem)."""
+
+    name: str
+    rows: tuple[BurnRateAlert, ...]
 
 
 @dataclass(frozen=True)
@@ -43,10 +59,12 @@ class WhatIfRow:
     result: SloBacktest
     cost: dict[str, Any] | None
     cost_note: str | None
+    table: str = CONFIGURED_TABLE
 
     def to_dict(self, span_s: float) -> dict[str, Any]:
         doc = self.result.to_dict(span_s)
         return {
+            "alert_table": self.table,
             "objective": self.spec.objective,
             "threshold_seconds": self.spec.threshold_seconds,
             "per_30_days": doc["per_30_days"],
@@ -108,26 +126,42 @@ def _cost(config: Config, pool: PoolConfig, spec: SloSpec,
     }, None
 
 
+def _with_table(config: Config, rows: Sequence[BurnRateAlert]) -> Config:
+    return config.model_copy(update={"engine": config.engine.model_copy(
+        update={"burn_rate_alerts": list(rows)})})
+
+
 def what_if(config: Config, source: RangeSource, grid: Grid, *,
             objectives: Sequence[float] = (), thresholds: Sequence[float] = (),
+            tables: Sequence[AlertTable] = (),
             costings: dict[str, Costing] | None = None,
             missed_share: float = DEFAULT_MISSED_SHARE,
             quiet_share: float = DEFAULT_QUIET_SHARE,
             request_log: RequestLog | None = None,
             slos: Sequence[SloSpec] | None = None) -> dict[str, list[WhatIfRow]]:
-    """Per SLO (default: the config's), one backtested row per variant, over ``grid``.
-    ``costings``: per pool name, what the cost column needs (absent: no cost)."""
+    """Per SLO (default: the config's), one backtested row per variant and alert table (the
+    configured one first, then ``tables``), over ``grid``. ``costings``: per pool name, what
+    the cost column needs (absent: no cost)."""
+    judged = [(CONFIGURED_TABLE, config), *((t.name, _with_table(config, t.rows))
+                                             for t in tables)]
     out: dict[str, list[WhatIfRow]] = {}
     for spec in (slos if slos is not None else effective_slos(config)):
         pool = config.pool(spec.pool)
+        # Error ratio per threshold and window: the same whatever the objective or table.
         cached: dict[float | None, dict[float, Track]] = {}
         rows = []
-        for v in variants(spec, objectives, thresholds):
-            result = backtest_slo(v, config, source, grid, missed_share=missed_share,
-                                  quiet_share=quiet_share, request_log=request_log,
-                                  ratios=cached.get(v.threshold_seconds))
-            cached.setdefault(v.threshold_seconds, result.ratios)
-            cost, note = _cost(config, pool, v, (costings or {}).get(spec.pool))
-            rows.append(WhatIfRow(v, result, cost, note))
+        for name, cfg in judged:
+            for v in variants(spec, objectives, thresholds):
+                have = cached.setdefault(v.threshold_seconds, {})
+                windows = burn_windows(slo_burn_alerts(cfg.engine.burn_rate_alerts,
+                                                       v.period_s))
+                missing = [w for w in windows if w not in have]
+                if missing:
+                    have.update(sli_tracks(v, source, grid, missing, request_log=request_log))
+                result = backtest_slo(v, cfg, source, grid, missed_share=missed_share,
+                                      quiet_share=quiet_share, request_log=request_log,
+                                      ratios={w: have[w] for w in windows})
+                cost, note = _cost(config, pool, v, (costings or {}).get(spec.pool))
+                rows.append(WhatIfRow(v, result, cost, note, name))
         out[spec.name] = rows
     return out

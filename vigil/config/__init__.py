@@ -39,7 +39,7 @@ from vigil.config.gateway import (
     TierConfig,
     TiersConfig,
 )
-from vigil.config.load import load_config, parse_config
+from vigil.config.load import load_alert_table, load_config, parse_config
 from vigil.config.renamed import RENAMED_KEYS
 from vigil.config.root import Config
 
@@ -72,6 +72,7 @@ __all__ = [
     "TiersConfig",
     "VllmProfileConfig",
     "check_http_url",
+    "load_alert_table",
     "load_config",
     "parse_config",
 ]

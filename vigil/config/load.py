@@ -13,6 +13,7 @@ from pydantic import (
     ValidationError,
 )
 
+from vigil.config.engine import BurnRateAlert
 from vigil.config.renamed import RENAMED_KEYS
 from vigil.config.root import Config
 from vigil.conventions import TARGET_KINDS
@@ -176,13 +177,8 @@ def _many(problems: list[tuple[str, str]], file: str) -> ConfigError:
     return ConfigError(msg, file=file, key=key)
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate a TOML config file.
-
-    Raises ``ConfigError`` (exit code 2) for a missing file, bad TOML, unknown keys, wrong
-    types or broken references, naming the file and the key.
-    """
-    p = Path(path)
+def _read_toml(p: Path) -> dict[str, Any]:
+    """A TOML file's document; ``ConfigError`` naming the file when it cannot be read."""
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
@@ -190,9 +186,56 @@ def load_config(path: str | Path) -> Config:
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", file=str(p)) from None
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        return tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text ({exc.reason})", file=str(p)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"invalid TOML: {exc}", file=str(p)) from None
-    return parse_config(data, file=str(p))
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a TOML config file.
+
+    Raises ``ConfigError`` (exit code 2) for a missing file, bad TOML, unknown keys, wrong
+    types or broken references, naming the file and the key.
+    """
+    p = Path(path)
+    return parse_config(_read_toml(p), file=str(p))
+
+
+def load_alert_table(path: str | Path) -> list[BurnRateAlert]:
+    """The burn-rate alert table of a TOML file: ``[[engine.burn_rate_alerts]]`` rows, as a
+    config spells them, or ``[[alerts]]`` rows, as ``slo/burn_rate_windows.toml`` does.
+    ``ConfigError`` naming the file and the row's key when a row is wrong."""
+    p = Path(path)
+    data = _read_toml(p)
+    engine = data.get("engine")
+    if isinstance(engine, dict) and "burn_rate_alerts" in engine:
+        key, rows = "engine.burn_rate_alerts", engine["burn_rate_alerts"]
+    elif "alerts" in data:
+        key, rows = "alerts", data["alerts"]
+    else:
+        raise ConfigError("no alert table: give [[engine.burn_rate_alerts]] or [[alerts]] "
+                          "rows", file=str(p))
+    if not isinstance(rows, list) or not rows:
+        raise ConfigError("expected at least one [[...]] row", file=str(p), key=key)
+    try:
+        return [BurnRateAlert.model_validate(r) for r in rows]
+    except ValidationError as exc:
+        index = next(i for i, r in enumerate(rows) if not _valid_row(r))
+        err = exc.errors()[0]
+        where = _loc(err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; see vigil.example.toml)"
+        raise ConfigError(msg, file=str(p),
+                          key=f"{key}[{index}]" + ("" if where == "(top level)"
+                                                  else f".{where}")) from None
+
+
+def _valid_row(row: Any) -> bool:
+    try:
+        BurnRateAlert.model_validate(row)
+    except ValidationError:
+        return False
+    return True
