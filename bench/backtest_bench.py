@@ -10,7 +10,9 @@ the backtest of the pool's default SLOs (TTFT, e2e, error rate; availability cou
 answers, which the synthetic fleet does not expose) over the whole history at the rules'
 evaluation interval, with the default alert table (windows up to 3 days), under both PromQL
 rules, and reports the instants evaluated, the alerts found and the peak memory. With
-``--prometheus`` also through Prometheus 2.42 on the same samples (range queries).
+``--prometheus`` also through Prometheus 2.42 on the same samples (range queries). Then the
+scaling-advice scorecard of the same history (the policy replayed every minute, the data's
+scrape interval), with its evaluations, scale-outs and scale-ins.
 
 Prints a Markdown table. Not part of the test suite.
 """
@@ -33,6 +35,7 @@ import slo_bench  # noqa: E402
 
 from collector.store import Store  # noqa: E402
 from slo.backtest.run import Backtest, backtest  # noqa: E402
+from slo.backtest.scorecard import scorecards  # noqa: E402
 from slo.sources.embedded import EmbeddedSource  # noqa: E402
 from slo.sources.prometheus import PrometheusSource  # noqa: E402
 
@@ -54,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--days", type=float, default=30.0)
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between instants")
     parser.add_argument("--prometheus", action="store_true")
+    parser.add_argument("--no-scaling", action="store_true", help="skip the scorecard")
     # The same cache as bench/slo_bench.py: its data is built once for both.
     parser.add_argument("--data", type=Path,
                         default=Path(tempfile.gettempdir()) / "vigil-slo-bench")
@@ -64,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     slo_bench._cached(store_dir, size, "store",
                       lambda: slo_bench.build_store(store_dir / "vigil.db", size))
     slo_bench.upgrade_store(store_dir / "vigil.db")
-    config = slo_bench.config(size.replicas, availability=False)
+    config = slo_bench.config(size.replicas, availability=False,
+                              scrape_interval=slo_bench.STEP_MS / 1000)
     end = slo_bench.END_MS / 1000
     start = end - args.days * 86400
     data = f"{size.replicas} replicas × {size.days:g} d"
@@ -101,6 +106,19 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(_row(f"Prometheus 2.42 (query_range){'' if same else ' **differs**'}",
                              data, took, result))
     print("\n".join(rows))
+    if not args.no_scaling:
+        with Store.open_readonly(store_dir / "vigil.db") as store:
+            source = EmbeddedSource(store, semantics="2")
+            t0 = time.perf_counter()
+            cards = scorecards(results["2"], source, config)
+            took = time.perf_counter() - t0
+        print("\n| scorecard | data | evaluations | time | scale-outs | scale-ins | burns | "
+              "peak RSS |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for name, card in cards.items():
+            doc = card.to_dict()
+            print(f"| pool {name}, replayed every {doc['interval_seconds']:g} s | {data} | "
+                  f"{doc['evaluations']:,} | **{took:.1f} s** | {len(doc['scale_outs'])} | "
+                  f"{len(doc['scale_ins'])} | {len(doc['burns'])} | {_peak_mb():,.0f} MB |")
     return 0
 
 

@@ -173,8 +173,11 @@ def timestamps(r: int, size: Size) -> np.ndarray:
     return last - (size.steps - 1 - np.arange(size.steps, dtype=np.int64)) * STEP_MS
 
 
-def config(replicas: int, *, availability: bool = True) -> Config:
-    """One pool of ``replicas``; its four default SLOs, or the three without availability.
+def config(replicas: int, *, availability: bool = True,
+           scrape_interval: float | None = None) -> Config:
+    """One pool of ``replicas``; its four default SLOs, or the three without availability;
+    ``scrape_interval`` (seconds) the data's own when a reader samples at it (the scaling
+    replay).
 
     The figures in docs/benchmarks.md were taken while availability was the scrape-based SLI
     (``avg_over_time(up)``, now the ``replica_up`` indicator); it now counts 5xx answers with
@@ -183,6 +186,8 @@ def config(replicas: int, *, availability: bool = True) -> Config:
         "engine": {"promql_semantics": "2"},
         "pools": [{"name": POOL, "model": MODEL, "gpu": "H100", "max_replicas": 2 * replicas}],
     }
+    if scrape_interval is not None:
+        data["collector"] = {"scrape_interval": scrape_interval}
     if not availability:
         data["slos"] = [{"name": f"{POOL}-{i}", "pool": POOL, "indicator": i}
                         for i in ("ttft", "e2e", "error_rate")]
