@@ -220,8 +220,14 @@ def scorecard(backtest: Backtest, source: RangeSource, config: Config, pool: Poo
 
     scale_outs: list[dict[str, Any]] = []
     actions = np.array([d.action for d in decisions])
+    # A scale-out no load signal asked for brings the count up to min_replicas (a pool with
+    # no replica up yet, or all lost): a bound, not advice to judge.
+    bounds = 0
     for a, b in runs(actions == "scale_out"):
         d = decisions[a]
+        if not any(x.triggers for x in decisions[a:b]):
+            bounds += 1
+            continue
         deadline = d.at + horizon
         hot = burning_at(d.at)
         if hot:
@@ -295,6 +301,9 @@ def scorecard(backtest: Backtest, source: RangeSource, config: Config, pool: Poo
         }
     if not slo_names:
         notes.append(f"pool {pool.name!r} has no SLO: no burn to judge the advice by")
+    if bounds:
+        notes.append(f"{bounds} scale-out{'s' if bounds > 1 else ''} to min_replicas "
+                     f"({pool.min_replicas}) with no load trigger not scored")
     return PoolScorecard(pool.name, decisions, interval, scale_outs, scale_ins, burns,
                          triggers, slo_names, notes)
 
