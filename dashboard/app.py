@@ -18,6 +18,7 @@ from dashboard.auth import require_login
 from dashboard.controls import parse_at, render_controls
 from vigil.conventions import (
     PAGE_ANOMALIES,
+    PAGE_BACKTEST,
     PAGE_BUSINESS,
     PAGE_PLAN,
     PAGE_QUALITY,
@@ -72,6 +73,7 @@ def main() -> None:
         st.Page(VIEWS / "business.py", title="Business", url_path=PAGE_BUSINESS),
         st.Page(VIEWS / "anomalies.py", title="Anomalies", url_path=PAGE_ANOMALIES),
         st.Page(VIEWS / "plan.py", title="Plan", url_path=PAGE_PLAN),
+        st.Page(VIEWS / "backtest.py", title="Backtest", url_path=PAGE_BACKTEST),
     ]
     st.navigation(pages, position="top").run()
 

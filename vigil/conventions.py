@@ -476,6 +476,7 @@ PAGE_SERVER = "server"
 PAGE_BUSINESS = "business"
 PAGE_ANOMALIES = "anomalies"
 PAGE_PLAN = "plan"
+PAGE_BACKTEST = "backtest"
 #: More vLLM 0.33 series the Server page charts (counters: full sample names; the iteration
 #: histogram's base name ends in ``_total``, which is part of vLLM's name).
 VLLM_ITERATION_TOKENS = "vllm:iteration_tokens_total"

@@ -17,9 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from slo.backtest.whatif import Costing
 from slo.sources.open import open_source, request_log
-from slo.sources.protocol import RangeSource, Source
+from slo.sources.protocol import RangeSource
 from vigil.cli_options import (
     add_config_option,
     add_json_option,
@@ -27,7 +26,7 @@ from vigil.cli_options import (
     positive_duration_arg,
 )
 from vigil.clock import Clock, system_clock
-from vigil.config import Config, PoolConfig, load_alert_table, load_config
+from vigil.config import load_alert_table, load_config
 from vigil.durations import format_duration
 from vigil.errors import UsageError
 
@@ -129,7 +128,7 @@ def run(args: argparse.Namespace, *, clock: Clock = system_clock,
     from slo.backtest.attainment import attainment
     from slo.backtest.run import backtest
     from slo.backtest.scorecard import scorecards
-    from slo.backtest.whatif import AlertTable, what_if
+    from slo.backtest.whatif import AlertTable, costing_for, what_if
 
     stream = out if out is not None else sys.stdout
     config = load_config(args.config)
@@ -153,7 +152,7 @@ def run(args: argparse.Namespace, *, clock: Clock = system_clock,
                 if rows:
                     doc["slos"][s.spec.name]["attainment"] = rows
         if args.objective or args.threshold or tables:
-            costings = {pool.name: _costing(config, args.config, pool, source, start, end)
+            costings = {pool.name: costing_for(config, pool, source, start, end)
                         for pool in config.pools}
             table = what_if(config, source, result.grid, objectives=args.objective,
                             thresholds=args.threshold, tables=tables, costings=costings,
@@ -173,26 +172,6 @@ def run(args: argparse.Namespace, *, clock: Clock = system_clock,
     else:
         stream.write(format_table(doc) + "\n")
     return 0
-
-
-def _costing(config: Config, file: str, pool: PoolConfig, source: Source, start: float,
-             end: float) -> Costing:
-    """The pool's traffic forecast from the history and its capacity profiles (saved,
-    observed, estimated), as ``vigil plan`` gathers them; a note instead when either is
-    missing."""
-    from slo.planning import estimate
-    from slo.planning.candidates import gather_candidates
-    from slo.planning.forecast import SECONDS_PER_DAY, forecast_from_history
-
-    # Whole days, as the planner forecasts: at least the last one, however short the history.
-    days = max(1, min(7, int((end - start) // SECONDS_PER_DAY)))
-    try:
-        traffic = forecast_from_history(source, config, pool, end, days)
-        candidates, _ = gather_candidates(config, pool, source=source, at_s=end,
-                                          span_s=days * SECONDS_PER_DAY, estimator=estimate)
-    except ValueError as exc:
-        return Costing(None, (), f"no traffic to plan for: {exc}")
-    return Costing(traffic, candidates)
 
 
 # --- the readable table ----------------------------------------------------------------------

@@ -31,11 +31,13 @@ from slo.objectives.burn_rate import burn_windows, slo_burn_alerts
 from slo.objectives.spec import SloSpec, effective_slos
 from slo.planning.plan import plan, required_slos
 from slo.promql.tracks import Grid, Track
-from slo.sources.protocol import RangeSource, RequestLog
+from slo.sources.protocol import RangeSource, RequestLog, Source
 from vigil.capacity import CapacityProfile, SloTarget
 from vigil.config import BurnRateAlert, Config, PoolConfig
+from vigil.errors import ConfigError
 
-__all__ = ["CONFIGURED_TABLE", "AlertTable", "Costing", "WhatIfRow", "variants", "what_if"]
+__all__ = ["CONFIGURED_TABLE", "AlertTable", "Costing", "WhatIfRow", "costing_for", "variants",
+           "what_if"]
 
 #: The name of the config's own alert table in the what-if rows.
 CONFIGURED_TABLE = "configured"
@@ -99,6 +101,28 @@ class Costing:
     traffic: Any
     candidates: Sequence[CapacityProfile]
     note: str | None = None
+
+
+def costing_for(config: Config, pool: PoolConfig, source: Source, start_s: float,
+                end_s: float) -> Costing:
+    """What the cost column needs for ``pool``, as ``vigil plan`` gathers it: the traffic
+    forecast from the history ending at ``end_s`` (its last 7 whole days at most, at least
+    one) and the capacity profiles (saved, observed, estimated); a note instead when either
+    is missing or the saved profiles cannot be read."""
+    from slo.planning import estimate
+    from slo.planning.candidates import gather_candidates
+    from slo.planning.forecast import SECONDS_PER_DAY, forecast_from_history
+
+    days = max(1, min(7, int((end_s - start_s) // SECONDS_PER_DAY)))
+    try:
+        traffic = forecast_from_history(source, config, pool, end_s, days)
+        candidates, _ = gather_candidates(config, pool, source=source, at_s=end_s,
+                                          span_s=days * SECONDS_PER_DAY, estimator=estimate)
+    except ValueError as exc:
+        return Costing(None, (), f"no traffic to plan for: {exc}")
+    except ConfigError as exc:
+        return Costing(None, (), f"the saved capacity profiles cannot be read: {exc}")
+    return Costing(traffic, candidates)
 
 
 def _cost(config: Config, pool: PoolConfig, spec: SloSpec,

@@ -32,6 +32,9 @@ PAGES = {
     # replicas-over-the-day curves and the waste chart.
     "plan": ("Plan", "[data-testid='stVegaLiteChart'] canvas, "
                      "[data-testid='stVegaLiteChart'] svg", 2),
+    # The first SLO's alerts replayed over the range: its burn-rate timeline.
+    "backtest": ("Backtest", "[data-testid='stVegaLiteChart'] canvas, "
+                             "[data-testid='stVegaLiteChart'] svg", 1),
 }
 
 
