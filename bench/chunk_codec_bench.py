@@ -25,7 +25,11 @@ timed. Codecs:
   bit-packing modes chosen per chunk) on the timestamps and on the values.
 
 Prometheus 2.42's TSDB (Gorilla chunks) holds the same 30-day vLLM data in 2.3 bytes per
-sample (docs/benchmarks.md#store). Prints a Markdown table. Not part of the test suite.
+sample (docs/benchmarks.md#store). With ``--on-disk``, every series of all 20 replicas is also
+written in ``collector.store.chunks`` blobs of 1,440 samples to a fresh SQLite file (a
+rowid table with a unique index on series and first timestamp, as the store would keep them) and
+the file's size after ``VACUUM`` is divided by the samples: what the chunks cost on disk with
+SQLite's pages and keys. Prints Markdown tables. Not part of the test suite.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import slo_bench  # noqa: E402
 
 from collector.store import Store  # noqa: E402
+from collector.store.chunks import encode_chunk  # noqa: E402
 
 Chunk = tuple[np.ndarray, np.ndarray]  # int64 ms, float64 (NaN where stale)
 Codec = tuple[Callable[[np.ndarray, np.ndarray], bytes],
@@ -183,11 +188,48 @@ def measure(series: list[Chunk], size: int, codecs: dict[str, Codec]
     return out
 
 
+def on_disk(store_path: Path, out: Path, size: int) -> tuple[int, int, float]:
+    """Every series of the store in chunks of ``size`` samples, in a new SQLite file:
+    ``(samples, bytes after VACUUM, seconds to encode and write)``."""
+    import sqlite3
+
+    out.unlink(missing_ok=True)
+    db = sqlite3.connect(out)
+    db.execute("PRAGMA page_size = 4096")
+    # A rowid table: a WITHOUT ROWID (index) b-tree keeps at most ~1,000 bytes of a row in its
+    # page and spills the rest to a whole 4 KB overflow page, which a 1.5 KB chunk would waste;
+    # a table b-tree keeps up to ~4,000 bytes in the page. The key is a separate index.
+    db.execute("CREATE TABLE chunks (series_id INTEGER NOT NULL, start_ts INTEGER NOT NULL, "
+               "end_ts INTEGER NOT NULL, n INTEGER NOT NULL, data BLOB NOT NULL)")
+    db.execute("CREATE UNIQUE INDEX chunks_key ON chunks (series_id, start_ts)")
+    samples = 0
+    sid = 0
+    t0 = time.perf_counter()
+    with Store.open_readonly(store_path) as store:
+        for name in store.metric_names():
+            rows = []
+            for _key, _, ts, vals, stale in store.series_arrays(name, {}, 0, 2**62):
+                sid += 1
+                for i in range(0, ts.size, size):
+                    t, v, m = ts[i:i + size], vals[i:i + size], stale[i:i + size]
+                    rows.append((sid, int(t[0]), int(t[-1]), int(t.size),
+                                 encode_chunk(t, v, m)))
+                samples += int(ts.size)
+            db.executemany("INSERT INTO chunks VALUES (?, ?, ?, ?, ?)", rows)
+            db.commit()
+    took = time.perf_counter() - t0
+    db.execute("VACUUM")
+    db.close()
+    return samples, out.stat().st_size, took
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--sizes", default="120,480,1440", help="samples per chunk")
+    parser.add_argument("--on-disk", action="store_true",
+                        help="also write the whole 20-replica store as chunks and measure it")
     parser.add_argument("--data", type=Path,
                         default=Path(tempfile.gettempdir()) / "vigil-slo-bench")
     args = parser.parse_args(argv)
@@ -209,6 +251,13 @@ def main(argv: list[str] | None = None) -> int:
             for name, (bps, enc, dec) in measure(series, n, codecs).items():
                 print(f"| {mix} | {total:,} | {n} | {name} | **{bps:.2f}** | "
                       f"{enc:.1f} M/s | {dec:.1f} M/s |", flush=True)
+    if args.on_disk:
+        samples, size_b, took = on_disk(store_dir / "vigil.db", args.data / "chunks.db", 1440)
+        print("\n| data | samples | chunk | file after VACUUM | bytes/sample | encode + write |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        print(f"| vLLM, 20 replicas × 30 d at 1 min | {samples:,} | 1440 | "
+              f"{size_b / 1e6:,.0f} MB | **{size_b / samples:.2f}** | {took:.0f} s |")
+        (args.data / "chunks.db").unlink()
     return 0
 
 
