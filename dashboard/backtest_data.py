@@ -34,6 +34,7 @@ from slo.backtest.whatif import costing_for, what_if
 from slo.objectives.burn_rate import SloBurnAlert
 from slo.objectives.spec import SloSpec, effective_slos
 from slo.promql.tracks import Grid
+from slo.scaling.policy import SIGNAL_LABELS
 from slo.sources.protocol import RangeSource, RequestLog
 from vigil.config import Config
 from vigil.conventions import ENDPOINT_ALL, SEVERITY_PAGE, SEVERITY_TICKET
@@ -473,8 +474,6 @@ def timeline(lines: pd.DataFrame, spans: pd.DataFrame, rules: Sequence[Rule] = (
 
 
 # --- the scaling-advice scorecard ------------------------------------------------------------
-_TRIGGER_NAMES = {"kv_cache_usage": "KV-cache usage", "queue_length": "queue length",
-                  "ttft_p95_seconds": "TTFT"}
 
 
 def scaling_card(config: Config, source: RangeSource, pool: str, start_s: float,
@@ -495,7 +494,7 @@ def trigger_rows(card: Mapping[str, Any]) -> list[dict[str, Any]]:
     median lead (seconds) of its early warnings."""
     total = len(card["burns"])
     return [{
-        "trigger": _TRIGGER_NAMES.get(sig, sig), "threshold": t["threshold"],
+        "trigger": SIGNAL_LABELS.get(sig, sig), "threshold": t["threshold"],
         "firings": t["firings"], "early warnings": t["early_warnings"], "late": t["late"],
         "noise": t["noise"], "burns warned": f"{t['burns_warned']} of {total}",
         "fired first": t["first"],
@@ -512,7 +511,7 @@ def scale_out_rows(card: Mapping[str, Any]) -> list[dict[str, Any]]:
         after = o["burn_stopped_after_seconds"] or o["burn_began_after_seconds"]
         rows.append({
             "at": fmt.timestamp(o["at"]), "replicas": f"{o['current']} → {o['desired']}",
-            "triggers": ", ".join(_TRIGGER_NAMES.get(t, t) for t in o["triggers"]),
+            "triggers": ", ".join(SIGNAL_LABELS.get(t, t) for t in o["triggers"]),
             "burning": o["burning"],
             "outcome": o["outcome"] + ("" if after is None
                                        else f" after {format_duration(after)}"),

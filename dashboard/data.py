@@ -50,6 +50,7 @@ __all__ = [
     "context",
     "empty_states",
     "env",
+    "file_mtime_ns",
     "firing_alerts",
     "first_sample",
     "live_now",
@@ -90,7 +91,9 @@ def pinned_at_from_env() -> float | None:
     return value
 
 
-def _mtime_ns(path: str) -> int:
+def file_mtime_ns(path: str) -> int:
+    """The file's modification time (ns), 0 when it cannot be read: a cache key that changes
+    when the file does."""
     try:
         return os.stat(path).st_mtime_ns
     except OSError:
@@ -104,7 +107,7 @@ def _config(path: str, mtime_ns: int) -> Config:
 
 def load(path: str) -> tuple[Config, tuple[str, int]]:
     """The config at ``path`` (``ConfigError`` if invalid) and its cache key."""
-    key = (str(Path(path).resolve()), _mtime_ns(path))
+    key = (str(Path(path).resolve()), file_mtime_ns(path))
     return _config(*key), key
 
 

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from slo.scaling.policy import SIGNAL_LABELS
 from slo.sources.open import open_source, request_log
 from slo.sources.protocol import RangeSource
 from vigil.cli_options import (
@@ -248,8 +249,6 @@ def format_table(doc: dict[str, Any]) -> str:
 
 #: Scale-outs and scale-ins listed one per line; the rest are counted.
 _LISTED = 20
-_TRIGGER_NAMES = {"kv_cache_usage": "KV-cache usage", "queue_length": "queue length",
-                  "ttft_p95_seconds": "TTFT"}
 
 
 def _count(n: int, noun: str) -> str:
@@ -273,7 +272,7 @@ def _scaling_lines(pool: str, card: dict[str, Any]) -> list[str]:
     for o in outs[:_LISTED]:
         after = o["burn_stopped_after_seconds"] or o["burn_began_after_seconds"]
         when = f" after {_delay(after)}" if after is not None else ""
-        trig = ", ".join(_TRIGGER_NAMES.get(t, t) for t in o["triggers"]) or _NULL
+        trig = ", ".join(SIGNAL_LABELS.get(t, t) for t in o["triggers"]) or _NULL
         lines.append(f"    {_time(o['at'])}  {o['current']} → {o['desired']}  on {trig}: "
                      f"{o['outcome']}{when}; +{o['replicas_added']} up by "
                      f"{_time(o['deadline'])}")
@@ -297,7 +296,7 @@ def _scaling_lines(pool: str, card: dict[str, Any]) -> list[str]:
     for sig, t in card["triggers"].items():
         threshold = _NULL if t["threshold"] is None else f"{t['threshold']:g}"
         warned = f"{t['burns_warned']}/{t['burns_warned'] + t['burns_missed']}"
-        lines.append(f"    {_TRIGGER_NAMES.get(sig, sig):<15} {threshold:>9} "
+        lines.append(f"    {SIGNAL_LABELS.get(sig, sig):<15} {threshold:>9} "
                      f"{t['firings']:>7} {t['early_warnings']:>5} {t['late']:>4} "
                      f"{t['noise']:>5} {warned:>6} {t['first']:>5}  "
                      f"{_delay(t['median_lead_seconds'])}")

@@ -8,7 +8,6 @@ The figures come from ``dashboard.backtest_data`` (``slo.backtest.run.backtest``
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pandas as pd
@@ -54,12 +53,6 @@ BACKTEST_TTL_S = 300.0
 #: labels (four with the default table) stay apart.
 TIMELINE_HEIGHT = 320
 
-
-def _mtime_ns(path: str) -> int:
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return 0
 
 
 def _range_source(key: tuple[str, int]) -> RangeSource:
@@ -208,7 +201,7 @@ def _what_if_section(page: SloPage) -> None:
                    "SLO over the same range.")
         return
     with st.spinner("Backtesting each variant and pricing it…"):
-        rows = _what_if(ctx.key, _mtime_ns(str(ctx.config.capacity_profiles_path())),
+        rows = _what_if(ctx.key, data.file_mtime_ns(str(ctx.config.capacity_profiles_path())),
                         spec.name, page.start_s, page.end_s, page.interval_s,
                         tuple(objectives), tuple(thresholds))
     with st.container(key="backtest-whatif"):

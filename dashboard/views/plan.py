@@ -9,7 +9,6 @@ The figures come from ``dashboard.plan_data`` (``slo.planning.plan``, ``slo.plan
 from __future__ import annotations
 
 import math
-import os
 
 import pandas as pd
 import streamlit as st
@@ -36,12 +35,6 @@ ctx = data.context()
 #: holds it that long at most.
 PLAN_TTL_S = 300.0
 
-
-def _mtime_ns(path: str) -> int:
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return 0
 
 
 @st.cache_data(ttl=PLAN_TTL_S, max_entries=64, show_spinner=False)
@@ -264,8 +257,8 @@ def body() -> None:
         start, end = aligned_range(*ctx.view.window(at_s), step)
         layout.header(ctx, None, at_s, f"pool {pool.name} · forecast from the {days} day(s) "
                                        f"before {fmt.timestamp(at)}")
-        page = _page(ctx.key, _mtime_ns(str(ctx.config.capacity_profiles_path())), pool.name,
-                     at, days, start, end)
+        profiles = data.file_mtime_ns(str(ctx.config.capacity_profiles_path()))
+        page = _page(ctx.key, profiles, pool.name, at, days, start, end)
         if page.profiles_note:
             st.info(page.profiles_note, icon=":material/speed:")
         if page.traffic_note:

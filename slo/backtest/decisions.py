@@ -49,13 +49,13 @@ from slo.scaling.signals import (
     pool_matchers,
     rate_window_for,
     replica_changes,
+    replica_of,
     sample_times,
     ttft_threshold_for,
 )
 from slo.sources.protocol import RangeSource
 from vigil.config import Config, PoolConfig
 from vigil.conventions import SERIES_UP
-from vigil.model import Labels
 
 __all__ = ["SignalTracks", "replay_fast", "signal_tracks"]
 
@@ -81,10 +81,6 @@ class SignalTracks:
         return (round(at_s * 1000) - self.grid.start_ms) // self.grid.step_ms
 
 
-def _replica(labels: Labels, label: str) -> str:
-    return next((v for k, v in labels if k == label), "")
-
-
 def signal_tracks(source: RangeSource, config: Config, pool: PoolConfig, grid: Grid, *,
                   request_rate: bool = False) -> SignalTracks:
     """The pool's signals at every instant of ``grid``, each equal to what
@@ -98,7 +94,7 @@ def signal_tracks(source: RangeSource, config: Config, pool: PoolConfig, grid: G
     # the max over replicas (math.fsum is correctly rounded, so the order does not matter).
     per_replica: dict[str, list[FloatArray]] = defaultdict(list)
     for labels, track in source.instant_range(KV_METRIC, matchers, grid).items():
-        per_replica[_replica(labels, label)].append(track.values)
+        per_replica[replica_of(labels, label)].append(track.values)
     kv_mean = np.full(n, np.nan)
     kv_max = np.full(n, np.nan)
     if per_replica:
@@ -149,11 +145,10 @@ def signal_tracks(source: RangeSource, config: Config, pool: PoolConfig, grid: G
                 ok = finished.present & np.isfinite(finished.values)
             rate[ok] = finished.values[ok] / rate_window
 
-    up_label = replica_label(pool, source)
     ups: dict[str, list[np.ndarray]] = defaultdict(list)
     for labels, track in source.instant_range(SERIES_UP, vllm_up_matchers(pool, source),
                                               grid).items():
-        ups[_replica(labels, up_label)].append(track.present & (track.values == 1.0))
+        ups[replica_of(labels, label)].append(track.present & (track.values == 1.0))
     replicas = (np.sum([np.logical_or.reduce(v) for v in ups.values()], axis=0)
                 if ups else np.zeros(n, dtype=np.int64))
     return SignalTracks(grid, kv_mean, kv_max, queue, ttft, rate,

@@ -35,6 +35,7 @@ Units: Unix seconds, seconds, GPU-hours, replicas.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,10 +46,15 @@ import numpy as np
 from slo.backtest.decisions import SignalTracks, replay_fast
 from slo.backtest.episodes import burn_runs, runs
 from slo.backtest.run import Backtest
-from slo.planning.pool_profile import pool_capacity
 from slo.promql.lookup import BoolArray, FloatArray
 from slo.promql.tracks import Grid
-from slo.scaling.policy import SIGNAL_KV, SIGNAL_QUEUE, SIGNAL_TTFT, Recommendation
+from slo.scaling.policy import (
+    SIGNAL_KV,
+    SIGNAL_QUEUE,
+    SIGNAL_TTFT,
+    CapacitySizing,
+    Recommendation,
+)
 from slo.scaling.signals import ttft_threshold_for
 from slo.sources.protocol import RangeSource
 from vigil.config import Config, PoolConfig
@@ -196,17 +202,12 @@ def scorecard(backtest: Backtest, source: RangeSource, config: Config, pool: Poo
         i = int(np.searchsorted(grid_t, t, side="right")) - 1
         return bool(burning[i]) if i >= 0 else False
 
-    def first_calm(t0: float, t1: float) -> float | None:
+    def first_time(state: bool, t0: float, t1: float) -> float | None:
+        # The first evaluation in (t0, t1] at which the pool's burning is `state`.
         lo = int(np.searchsorted(grid_t, t0, side="right"))
         hi = int(np.searchsorted(grid_t, t1, side="right"))
-        calm = np.flatnonzero(~burning[lo:hi])
-        return float(grid_t[lo + calm[0]]) if calm.size else None
-
-    def first_burn(t0: float, t1: float) -> float | None:
-        lo = int(np.searchsorted(grid_t, t0, side="right"))
-        hi = int(np.searchsorted(grid_t, t1, side="right"))
-        hot = np.flatnonzero(burning[lo:hi])
-        return float(grid_t[lo + hot[0]]) if hot.size else None
+        found = np.flatnonzero(burning[lo:hi] == state)
+        return float(grid_t[lo + found[0]]) if found.size else None
 
     current = np.array([d.current for d in decisions])
     flags = {sig: np.array([sig in d.triggers for d in decisions], dtype=np.bool_)
@@ -215,8 +216,7 @@ def scorecard(backtest: Backtest, source: RangeSource, config: Config, pool: Poo
 
     def run_start(sig: str, i: int) -> float:
         # The first decision of the run of `sig` that holds index i.
-        a = max(s for s in starts[sig] if s <= i)
-        return float(times[a])
+        return float(times[starts[sig][bisect.bisect_right(starts[sig], i) - 1]])
 
     scale_outs: list[dict[str, Any]] = []
     actions = np.array([d.action for d in decisions])
@@ -231,11 +231,11 @@ def scorecard(backtest: Backtest, source: RangeSource, config: Config, pool: Poo
         deadline = d.at + horizon
         hot = burning_at(d.at)
         if hot:
-            calm = first_calm(d.at, deadline)
+            calm = first_time(False, d.at, deadline)
             outcome = "burn stopped" if calm is not None else "still burning"
             after = None if calm is None else calm - d.at
         else:
-            began = first_burn(d.at, deadline)
+            began = first_time(True, d.at, deadline)
             outcome = "burn followed" if began is not None else "no burn"
             after = None if began is None else began - d.at
         later = (times > d.at) & (times <= deadline)
@@ -251,7 +251,9 @@ def scorecard(backtest: Backtest, source: RangeSource, config: Config, pool: Poo
             "replicas_added": max(0, added), "deadline": deadline,
         })
 
-    scale_ins = _scale_ins(decisions, actions, times, tracks, config, pool, hold, notes)
+    # The capacity the replay sized with (serve's saved profile), for the lower bound.
+    sizing = decisions_rec[0][1].capacity
+    scale_ins = _scale_ins(decisions, actions, times, tracks, sizing, pool, hold, notes)
 
     # Burns: stretches of burning joined across calm gaps shorter than the shortest long
     # window (as missed burns are), each judged by the triggers around it.
@@ -309,10 +311,9 @@ def scorecard(backtest: Backtest, source: RangeSource, config: Config, pool: Poo
 
 
 def _scale_ins(decisions: Sequence[Decision], actions: np.ndarray, times: FloatArray,
-               tracks: SignalTracks, config: Config, pool: PoolConfig, hold: float,
-               notes: list[str]) -> list[dict[str, Any]]:
+               tracks: SignalTracks, sizing: CapacitySizing | None, pool: PoolConfig,
+               hold: float, notes: list[str]) -> list[dict[str, Any]]:
     """Each scale-in, with how long the lower bound had allowed it and what waiting cost."""
-    sizing = pool_capacity(config, pool)[1]
     lower: FloatArray | None = None
     if sizing is None or tracks.rate is None:
         notes.append("no capacity profile for the pool: scale-ins are not judged against "

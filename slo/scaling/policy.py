@@ -45,6 +45,7 @@ __all__ = [
     "SIGNAL_CAPACITY_FLOOR",
     "SIGNAL_COOLDOWN",
     "SIGNAL_KV",
+    "SIGNAL_LABELS",
     "SIGNAL_MAX_REPLICAS",
     "SIGNAL_MIN_REPLICAS",
     "SIGNAL_PROPORTIONAL",
@@ -99,7 +100,8 @@ DEFAULT_FIT_WINDOW_S = 300.0
 #: lookback makes a series absent; also the largest gap tolerated inside a scale-in hold.
 DEFAULT_MAX_AGE_S = 300.0
 
-_LABELS = {
+#: The load signals' names as people read them ("KV-cache usage > 0.80").
+SIGNAL_LABELS = {
     SIGNAL_KV: "KV-cache usage",
     SIGNAL_QUEUE: "queue length",
     SIGNAL_TTFT: "TTFT",
@@ -236,7 +238,7 @@ class Reason:
                 text += ", no scale-in below it"
             return text
         if self.signal == SIGNAL_PROPORTIONAL:
-            label = _LABELS.get(self.of or "", self.of or "")
+            label = SIGNAL_LABELS.get(self.of or "", self.of or "")
             return (f"sized by {label}: {_count(self.value)} replicas × "
                     f"{self.threshold:.2f} = {self.replicas} (the proportional rule, above "
                     f"the capacity sizing)")
@@ -245,7 +247,7 @@ class Reason:
                 f"scale-in conditions held for {format_duration(self.value)} "
                 f"{self.comparison} {format_duration(self.threshold)}"
             )
-        label = _LABELS.get(self.signal, self.signal)
+        label = SIGNAL_LABELS.get(self.signal, self.signal)
         if self.quantile is not None:
             label += f" p{self.quantile * 100:g}"
         value = _fmt(self.signal, self.value)

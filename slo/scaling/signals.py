@@ -82,6 +82,7 @@ __all__ = [
     "rate_window_for",
     "recommend_for_pool",
     "replica_changes",
+    "replica_of",
     "request_rate_at",
     "sample_times",
     "ttft_quantile_at",
@@ -123,7 +124,8 @@ def sample_times(at_s: float, span_s: float, step_s: float) -> list[float]:
     return [at_s - k * step_s for k in range(n, -1, -1)]
 
 
-def _replica(labels: Labels, label: str) -> str:
+def replica_of(labels: Labels, label: str) -> str:
+    """The value of the replica label ``label`` in ``labels`` ("" without it)."""
     for k, v in labels:
         if k == label:
             return v
@@ -161,7 +163,7 @@ def kv_usage_at(source: Source, pool: PoolConfig, at_s: float) -> tuple[float, f
     per_replica: dict[str, list[float]] = defaultdict(list)
     for labels, value in source.instant(KV_METRIC, pool_matchers(pool, source), at_s).items():
         if math.isfinite(value):
-            per_replica[_replica(labels, label)].append(value)
+            per_replica[replica_of(labels, label)].append(value)
     if not per_replica:
         return None
     replicas = [math.fsum(vs) / len(vs) for _, vs in sorted(per_replica.items())]
@@ -180,7 +182,7 @@ def kv_usage_by_pool_replica(source: Source, pool: PoolConfig, at_s: float
     for labels, value in source.instant(KV_METRIC, pool_matchers(pool, source), at_s).items():
         if value != value:  # NaN never crosses a threshold
             continue
-        groups.setdefault((pool.name, _replica(labels, label)), []).append(float(value))
+        groups.setdefault((pool.name, replica_of(labels, label)), []).append(float(value))
     # sum / len, as kv_usage_by_replica averages, so both give the same float.
     return {k: sum(v) / len(v) for k, v in groups.items()}
 
@@ -294,7 +296,7 @@ def current_replicas(source: Source, pool: PoolConfig, at_s: float) -> int:
     of the replica label (``slo.objectives.sli.replica_label``) among the up series, so that a pod
     scraped by two jobs counts once."""
     label = replica_label(pool, source)
-    return len({_replica(labels, label)
+    return len({replica_of(labels, label)
                 for labels, v in source.instant(SERIES_UP, vllm_up_matchers(pool, source),
                                                 at_s).items()
                 if v == 1.0})
@@ -378,7 +380,7 @@ def replica_changes(
             else:
                 up[labels] = value == 1.0
         # Replicas, not series: a pod scraped by two jobs has two `up` series.
-        new = len({_replica(labels, label) for labels, is_up in up.items() if is_up})
+        new = len({replica_of(labels, label) for labels, is_up in up.items() if is_up})
         discovery = new > count and t <= discovered_until
         if new != count and t > horizon_start_ms and not discovery:
             changes.append(ReplicaChange(t / 1000.0, count, new))

@@ -219,23 +219,17 @@ def load_alert_table(path: str | Path) -> list[BurnRateAlert]:
                           "rows", file=str(p))
     if not isinstance(rows, list) or not rows:
         raise ConfigError("expected at least one [[...]] row", file=str(p), key=key)
-    try:
-        return [BurnRateAlert.model_validate(r) for r in rows]
-    except ValidationError as exc:
-        index = next(i for i, r in enumerate(rows) if not _valid_row(r))
-        err = exc.errors()[0]
-        where = _loc(err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see vigil.example.toml)"
-        raise ConfigError(msg, file=str(p),
-                          key=f"{key}[{index}]" + ("" if where == "(top level)"
-                                                  else f".{where}")) from None
-
-
-def _valid_row(row: Any) -> bool:
-    try:
-        BurnRateAlert.model_validate(row)
-    except ValidationError:
-        return False
-    return True
+    table = []
+    for index, row in enumerate(rows):
+        try:
+            table.append(BurnRateAlert.model_validate(row))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = _loc(err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key (check the spelling; see vigil.example.toml)"
+            raise ConfigError(msg, file=str(p),
+                              key=f"{key}[{index}]" + ("" if where == "(top level)"
+                                                      else f".{where}")) from None
+    return table
