@@ -9,7 +9,8 @@ Run: ``.venv/bin/python bench/slo_bench.py [--replicas 20] [--days 30]
    ``up``), with a diurnal load, a down stretch and two replica restarts (counter resets).
 2. Loads it into a store (series created through ``Store.write``; the bulk of the samples
    inserted straight into the main table, which is what ``write()`` + ``compact()`` leave
-   there, twice as fast) and runs ``Store.compact()``, which builds the rollup.
+   there, twice as fast) and runs ``Store.compact()``, which builds the rollup and seals
+   the rows into compressed chunks (``collector.store.sealed``).
 3. Times ``slo.status.evaluate(config, EmbeddedSource(store), at)`` (best of 3) with the
    rollup, and once reading every raw sample (``use_rollup = False``).
 4. Writes the same samples as OpenMetrics, one file per Prometheus block (``promtool tsdb
@@ -234,7 +235,7 @@ def build_store(path: Path, size: Size) -> dict[str, float]:
 
 def upgrade_store(path: Path) -> None:
     """A store cached by an older Vigil: opening it writable migrates its schema, and
-    ``compact()`` rebuilds the rollup the migration marked stale."""
+    ``compact()`` rebuilds the rollup the migration marked stale, or seals its rows."""
     with Store.open_readonly(path) as ro:
         version = int(ro._meta()["schema_version"])
     if version >= SCHEMA_VERSION:
@@ -243,7 +244,7 @@ def upgrade_store(path: Path) -> None:
     with Store(path, clock=lambda: END_MS / 1000 + 300, raw_retention_s=40 * 86400,
                downsampled_retention_s=45 * 86400) as store:
         report = store.compact(now=END_MS / 1000 + 300)
-    print(f"  store schema {version} -> {SCHEMA_VERSION}, rollup rebuilt in "
+    print(f"  store schema {version} -> {SCHEMA_VERSION}, compacted in "
           f"{time.perf_counter() - t0:.0f} s: {report}", file=sys.stderr)
 
 
@@ -385,9 +386,11 @@ def _cached(folder: Path, size: Size, what: str, build: Any) -> dict[str, float]
     return times
 
 
-def _du(path: Path) -> str:
+def _du(path: Path, samples: float) -> str:
+    """The size of everything under ``path``, and per sample."""
     size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return f"{size / 1e9:.2f} GB" if size >= 1e9 else f"{size / 1e6:.0f} MB"
+    shown = f"{size / 1e9:.2f} GB" if size >= 1e9 else f"{size / 1e6:.0f} MB"
+    return f"{shown} ({size / samples:.2f} B/sample)"
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -441,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"read sample by sample)")
         rows.append(
             f"| embedded, rollup, 2.x rules | {data} | {n_series:,} | {int(built['rows']):,} "
-            f"| {_du(store_dir)} | load {built['load_s']:.0f} s "
+            f"| {_du(store_dir, built['rows'])} | load {built['load_s']:.0f} s "
             f"+ compact {built['compact_s']:.0f} s "
             f"| **{fast['all'][0]:.3f} s** | **{fast['no_av'][0]:.3f} s** | |")
         if not args.no_raw:
@@ -480,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                 same = "yes" if all(_same(prom[k][1], fast[k][1]) for k in configs) else "**no**"
             rows.append(
                 f"| Prometheus 2.42 | {psize.replicas} replicas × {psize.days:g} d "
-                f"| {psize.replicas * per_replica:,} | {samples:,} | {_du(prom_dir)} "
+                f"| {psize.replicas * per_replica:,} | {samples:,} | {_du(prom_dir, samples)} "
                 f"| OpenMetrics {ptimes['om_bytes'] / 1e9:.1f} GB in {ptimes['om_s']:.0f} s "
                 f"+ promtool {ptimes['promtool_s']:.0f} s "
                 f"| **{prom['all'][0]:.3f} s** | **{prom['no_av'][0]:.3f} s** | {same} |")

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.store_rows import downgrade_to_v3, stored_rows
 
 from collector.store import SCHEMA_VERSION, Store, rollup
 from collector.store.rollup import BLOCK_MS, CounterWindow, Plan
@@ -161,10 +162,7 @@ def assert_consistent(store: Store) -> None:
     hours: dict[tuple[int, int], int] = {}
     resets: list[tuple[int, int, float]] = []
     prev: dict[int, object] = {}
-    for sid, ts, v in c.execute(
-        "SELECT s.series_id, s.ts, s.value FROM samples AS s JOIN series AS c ON c.id = "
-        "s.series_id WHERE c.counter AND s.value IS NOT NULL AND s.ts >= 0 AND s.ts < ? "
-        "ORDER BY 1, 2", (limit,)):
+    for sid, ts, v in stored_rows(store, counter=True, below_ms=limit, with_markers=False):
         hours[sid, ts // H] = hours.get((sid, ts // H), 0) + 1
         p = prev.get(sid)
         if type(v) is float and type(p) is float and v < p:
@@ -280,14 +278,14 @@ def test_a_long_window_reads_raw_samples_only_above_the_rollup(path: Path, monke
         wm = int(s._meta()[rollup.K_WATERMARK])
         assert wm == end - 60_000  # the head keeps the last minute
         calls: list[tuple[int, int]] = []
-        real = s._reader._row_windows
+        real = s._reader._windows
 
-        def spy(ids, lo, hi):  # type: ignore[no-untyped-def]
+        def spy(load, ids, lo, hi):  # type: ignore[no-untyped-def]
             if ids:
                 calls.append((lo, hi))
-            return real(ids, lo, hi)
+            return real(load, ids, lo, hi)
 
-        monkeypatch.setattr(s._reader, "_row_windows", spy)
+        monkeypatch.setattr(s._reader, "_windows", spy)
         monkeypatch.setattr(s, "points", None)  # never called
         EmbeddedSource(s).increase("h_bucket", {}, end / 1000, 30 * 86400)
         assert calls == [(wm, end)]  # only what is still in the write head, sample by sample
@@ -383,6 +381,7 @@ def test_an_interrupted_rebuild_resumes(path: Path) -> None:
 
 # --- schema ---------------------------------------------------------------------------------
 def downgrade_to_v2(path: Path) -> None:
+    downgrade_to_v3(path)
     conn = sqlite3.connect(path)
     with conn:
         conn.execute("DROP TRIGGER rollup_counter_off")
@@ -406,7 +405,7 @@ def downgrade_to_v1(path: Path) -> None:
 
 
 def test_a_version_1_store_is_migrated_and_its_rollup_built_by_compaction(path: Path) -> None:
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
     rows = fleet_rows(16, days=2)
     end = max(t for _, _, t, _ in rows)
     with big_store(path) as s:
@@ -418,7 +417,7 @@ def test_a_version_1_store_is_migrated_and_its_rollup_built_by_compaction(path: 
         assert ro.counter_windows("x_total", {}, T0, end) is None
         assert_same(ro, "3", times[:5])
     with big_store(path) as s:
-        assert s._meta()["schema_version"] == "3"
+        assert s._meta()["schema_version"] == "4"
         assert s.counter_windows("x_total", {}, T0, end) is None  # not built yet
         s.compact(now=end / 1000)
         assert_consistent(s)
@@ -525,10 +524,7 @@ def assert_gauges_consistent(store: Store) -> None:
     whole = limit // H
     want: dict[tuple[int, int], rollup.GaugeWindow] = {}
     rows: dict[tuple[int, int], list[tuple[int, object]]] = {}
-    for sid, ts, v in store._c.execute(
-        "SELECT s.series_id, s.ts, s.value FROM samples AS s JOIN series AS c ON c.id = "
-        "s.series_id WHERE NOT c.counter AND s.ts >= 0 AND s.ts < ? ORDER BY 1, 2",
-            (whole * H,)):
+    for sid, ts, v in stored_rows(store, counter=False, below_ms=whole * H):
         rows.setdefault((sid, ts // H), []).append((ts, v))
     for k, pts in rows.items():
         g = rollup.gauge_of_points(pts)
@@ -597,7 +593,7 @@ def test_a_version_2_store_gets_its_gauge_rollup_after_migration(path: Path) -> 
         assert ro.gauge_windows("up", {}, T0, end) is None
         assert_same_avg(ro, "3", times[:4])
     with big_store(path) as s:
-        assert s._meta()["schema_version"] == "3"
+        assert s._meta()["schema_version"] == "4"
         # empty and marked stale: read raw until compaction rebuilds it
         assert s._c.execute("SELECT COUNT(*) FROM rollup_gauge").fetchone() == (0,)
         assert rollup.fast_limit(s._meta()) == 0

@@ -522,7 +522,7 @@ def test_retention_settings_are_checked(tmp_path: Path) -> None:
 def test_compaction_is_incremental(tmp_path: Path) -> None:
     clock = ManualClock(T0 / 1000)
     with Store(tmp_path / "vigil.db", clock=clock, raw_retention_s=3600,
-               downsampled_retention_s=86400) as s:
+               downsampled_retention_s=86400, chunk_span_s=86400) as s:
         s.write([(G, "gauge", T0 + i * 15_000, float(i)) for i in range(40)])  # 10 minutes
         clock.advance(3600 + 5 * 60)
         first = s.compact()
@@ -539,7 +539,9 @@ def test_compaction_is_incremental(tmp_path: Path) -> None:
 
 def test_backfill_below_the_watermark_is_downsampled_later(tmp_path: Path) -> None:
     now = (T0 + 10 * MIN) / 1000 + 3600
-    with compacting_store(tmp_path) as s:
+    # (A day's chunk span: nothing is sealed yet. A sealed span is downsampled once it is
+    # wholly past the raw retention: tests/test_store_sealed.py.)
+    with compacting_store(tmp_path, chunk_span_s=86400) as s:
         s.write([(G, "gauge", T0 + 9 * MIN, 0.0)])
         s.compact(now=now)
         # `vigil ingest` of an old file: raw samples land in the downsampled past.

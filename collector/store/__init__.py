@@ -13,6 +13,7 @@ One module per job, all over one ``vigil.storage.sqlite.Database``:
 * ``schema``: the tables, schema versions and migrations, opening the file;
 * ``codec``: how labels and values (NaN, staleness markers) are stored;
 * ``chunks``: the compressed chunk format (pcodec), a run of one series' samples in one blob;
+* ``sealed``: the ``chunks`` table: sealing rows into chunks, turning them back, reading them;
 * ``head``: the write path: series ids, the write head, moving the head to ``samples``;
 * ``reads``: points, last points, series lookups, the rollup windows;
 * ``compaction``: expiry, downsampling, keeping the rollup up to date;

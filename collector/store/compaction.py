@@ -14,14 +14,23 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import NamedTuple
 
-from collector.store import rollup
-from collector.store.codec import TS_MAX, floor_to
+from collector.store import rollup, sealed
+from collector.store.chunks import decode_chunk
+from collector.store.codec import TS_MAX, TS_MIN, floor_to
 from collector.store.head import HEAD_KEEP_MS, SERIES_CHUNK, WriteHead, move_rows
-from collector.store.schema import K_BACKFILL, K_SERIES_GEN, K_WATERMARK, read_meta, set_meta
+from collector.store.schema import (
+    K_BACKFILL,
+    K_SERIES_GEN,
+    K_VACUUM,
+    K_WATERMARK,
+    read_meta,
+    set_meta,
+)
 from vigil.clock import Clock
 from vigil.storage.sqlite import Database
 
@@ -33,7 +42,19 @@ _COMPACT_SLICE_MS = 3_600_000
 #: for 2,000 series is ~3M samples to scan.
 _ROLLUP_SLICE_MS = 6 * rollup.BLOCK_MS
 
-# The series of one chunk, as a subquery: ``series_id IN (...)`` lets SQLite seek each series'
+#: Series ids per transaction when rows are sealed into chunks or chunks turned back into
+#: rows: a span of 15 s scrapes is 1,440 samples a series, so 250 series are ~360k rows,
+#: well under a second of write lock.
+SEAL_SERIES = 250
+#: Free pages are given back to the file system when they are more than this part of the
+#: file (and at least ``_VACUUM_MIN_PAGES``), ``_VACUUM_STEP`` pages per transaction. In the
+#: steady state the rows sealed each span free about a tenth of the file, which the next
+#: rows reuse; a first sealing of a large store frees nine tenths.
+_VACUUM_SHARE = 0.25
+_VACUUM_MIN_PAGES = 2_048
+_VACUUM_STEP = 16_384
+
+# The series of one batch, as a subquery: ``series_id IN (...)`` lets SQLite seek each series'
 # (series_id, ts) range in the primary key instead of scanning every series' whole history.
 _CHUNK_IDS = "SELECT id FROM series WHERE id >= :a AND id < :b"
 
@@ -59,25 +80,42 @@ DELETE FROM samples WHERE (series_id, ts) IN (
     WHERE nts IS NOT NULL AND nts / :res = ts / :res
       AND NOT (c AND (
             nxt < v
-            OR COALESCE(
-                prev,
-                (SELECT p.value FROM samples AS p
-                 WHERE p.series_id = sid AND p.ts < :lo AND p.value IS NOT NULL
-                 ORDER BY p.ts DESC LIMIT 1),
-                v) > v))
+            OR COALESCE(prev, {rollup.LATEST_BEFORE.format(sid="sid", bound=":lo")}, v) > v))
 )
 """
 _COUNT_SPAN = (
     f"SELECT COUNT(*) FROM samples WHERE series_id IN ({_CHUNK_IDS}) AND ts >= :lo AND ts < :hi"
 )
 _EXPIRE = f"DELETE FROM samples WHERE series_id IN ({_CHUNK_IDS}) AND ts < :cut"
+_EXPIRE_CHUNKS = f"""
+DELETE FROM chunks WHERE series_id IN ({_CHUNK_IDS}) AND start_ts <= :cut - :span
+RETURNING n"""
+_TRIM_CHUNKS = f"""
+SELECT rowid, series_id, start_ts, data FROM chunks
+WHERE series_id IN ({_CHUNK_IDS}) AND start_ts > :cut - :span AND start_ts < :cut
+  AND min_ts < :cut"""
+# After expiry: the drop into each series' first sample left came from an expired sample.
+_FORGET_FIRST_DROP = """
+DELETE FROM rollup_resets WHERE (series_id, ts) IN (
+    SELECT c.id, MIN(
+        COALESCE((SELECT ts FROM samples WHERE series_id = c.id AND ts >= :cut
+                    AND value IS NOT NULL ORDER BY ts LIMIT 1), 9e18),
+        COALESCE((SELECT first_ts FROM chunks WHERE series_id = c.id AND start_ts > :cut - :span
+                    AND first_ts IS NOT NULL ORDER BY start_ts LIMIT 1), 9e18))
+    FROM series AS c WHERE c.id >= :a AND c.id < :b)
+"""
 _DROP_EMPTY_SERIES = """
 DELETE FROM series WHERE id >= :a AND id < :b
   AND NOT EXISTS (SELECT 1 FROM samples WHERE series_id = series.id)
   AND NOT EXISTS (SELECT 1 FROM samples_head WHERE series_id = series.id)
+  AND NOT EXISTS (SELECT 1 FROM chunks WHERE series_id = series.id)
 """
-# The oldest sample, by one primary-key seek per series (a bare MIN(ts) would scan the table).
-_MIN_TS = "SELECT MIN((SELECT MIN(ts) FROM samples WHERE series_id = series.id)) FROM series"
+# The oldest sample, by one index seek per series and table (a bare MIN(ts) would scan them).
+_MIN_TS = """SELECT MIN(t) FROM (
+    SELECT (SELECT MIN(ts) FROM samples WHERE series_id = series.id) AS t FROM series
+    UNION ALL
+    SELECT (SELECT min_ts FROM chunks WHERE series_id = series.id ORDER BY start_ts LIMIT 1)
+    FROM series)"""
 _MAX_ID = "SELECT MAX(id) FROM series"
 
 
@@ -130,9 +168,10 @@ class Compactor:
         with self._head.transaction() as conn, self._db.errors_as("compact"):
             yield conn
 
-    def _chunks(self, conn: sqlite3.Connection) -> list[tuple[int, int]]:
+    def _chunks(self, conn: sqlite3.Connection,
+                size: int = SERIES_CHUNK) -> list[tuple[int, int]]:
         max_id = conn.execute(_MAX_ID).fetchone()[0] or 0
-        return [(a, a + SERIES_CHUNK) for a in range(0, max_id + 1, SERIES_CHUNK)]
+        return [(a, a + size) for a in range(0, max_id + 1, size)]
 
     def _compact(self, now_ms: int, raw_cut: int, exp_cut: int) -> CompactionReport:
         conn = self._db.conn
@@ -143,6 +182,8 @@ class Compactor:
         cut = max(raw_cut, now_ms - HEAD_KEEP_MS)
         moved = self._head.move(cut, "compact")
         meta = read_meta(conn)
+        span = int(meta[sealed.K_SPAN])
+        sealed_below = int(meta[sealed.K_SEALED]) if sealed.K_SEALED in meta else None
         wm = int(meta[K_WATERMARK]) if K_WATERMARK in meta else None
         # Blocks below the rollup watermark are maintained here, in the same transaction as
         # the change to their samples (expiry, downsampling); the watermark itself only
@@ -152,15 +193,21 @@ class Compactor:
         backfill = meta.get(K_BACKFILL)
         chunks = self._chunks(conn)
 
-        # 1. Expiry first: nothing below exp_cut needs downsampling.
+        # 1. Expiry first: nothing below exp_cut needs downsampling. Whole hours at a time
+        # (the rollup's blocks), so that no block is left partly expired: a chunk is trimmed
+        # once an hour, not at every compaction.
+        exp_cut = rollup.block_floor(exp_cut)
         expired = 0
         series_deleted = 0
         for a, b in chunks:
             with self._step():
                 gone = conn.execute(_EXPIRE, {"a": a, "b": b, "cut": exp_cut}).rowcount
+                gone += self._expire_chunks(conn, a, b, exp_cut, span)
                 expired += gone
                 if gone and rwm is not None:
                     rolled += rollup.expire(conn, a, b, exp_cut, rwm)
+                    conn.execute(_FORGET_FIRST_DROP,
+                                 {"a": a, "b": b, "cut": exp_cut, "span": span})
                 n = conn.execute(_DROP_EMPTY_SERIES, {"a": a, "b": b}).rowcount
                 if n:
                     series_deleted += n
@@ -170,7 +217,10 @@ class Compactor:
                     )
                     self._head.forget_ids()
 
-        # 2. Downsample [lo, raw_cut).
+        # 2. Downsample [lo, raw_cut). Sealed spans are downsampled whole, once each: they
+        # are turned back into rows here and sealed again by step 4.
+        if sealed_below is not None and raw_cut < sealed_below:
+            raw_cut = floor_to(raw_cut, span)
         if wm is None:
             oldest = conn.execute(_MIN_TS).fetchone()[0]
             lo = raw_cut if oldest is None else floor_to(oldest, res)
@@ -184,11 +234,15 @@ class Compactor:
         # Slice bounds stay bucket-aligned (lo is) so that no bucket is split between slices.
         step = max(res, floor_to(_COMPACT_SLICE_MS, res))
         slice_lo = lo
+        small = self._chunks(conn, SEAL_SERIES)
         while slice_lo < raw_cut:
             slice_hi = min(raw_cut, slice_lo + step)
-            for a, b in chunks:
+            in_chunks = sealed_below is not None and slice_lo < sealed_below
+            for a, b in small if in_chunks else chunks:
                 params = {"a": a, "b": b, "lo": slice_lo, "hi": slice_hi, "res": res}
                 with self._step():
+                    if in_chunks:
+                        sealed.unseal(conn, a, b, slice_lo, slice_hi, span)
                     rows_before += conn.execute(_COUNT_SPAN, params).fetchone()[0]
                     n = conn.execute(_DOWNSAMPLE, params).rowcount
                     deleted += n
@@ -213,7 +267,9 @@ class Compactor:
                 conn.execute(
                     "DELETE FROM meta WHERE key = ? AND value = ?", (K_BACKFILL, backfill)
                 )
-        rolled += self._roll_up(cut)
+        # 3. The rollup, then 4. sealing what it covers.
+        rolled += self._roll_up(cut, span)
+        self._seal(span)
         return CompactionReport(
             rows_before=rows_before,
             rows_deleted=deleted,
@@ -225,10 +281,85 @@ class Compactor:
             rollup_blocks=rolled,
         )
 
-    def _roll_up(self, cut_ms: int) -> int:
+    @staticmethod
+    def _expire_chunks(conn: sqlite3.Connection, a: int, b: int, cut: int, span: int) -> int:
+        """Delete the chunked samples of series ids ``[a, b)`` below ``cut`` (ms): whole
+        chunks, and the older part of the chunk holding ``cut``. Returns how many."""
+        params = {"a": a, "b": b, "cut": cut, "span": span}
+        gone: int = sum(int(n) for (n,) in conn.execute(_EXPIRE_CHUNKS, params).fetchall())
+        for rowid, sid, start, data in conn.execute(_TRIM_CHUNKS, params).fetchall():
+            ts, vals, stale = decode_chunk(data)
+            keep = ts >= cut
+            gone += int(ts.size - keep.sum())
+            conn.execute("DELETE FROM chunks WHERE rowid = ?", (rowid,))
+            if keep.any():
+                sealed.write_chunk(conn, sid, start, (ts[keep], vals[keep], stale[keep]))
+        return gone
+
+    def _seal(self, span: int) -> None:
+        """Seal every row of a span wholly below the rollup limit (``collector.store.sealed``),
+        ``SEAL_SERIES`` series and one span per transaction (a first sealing of a large store
+        is many of them; the steady state one per batch), then give free pages back if many."""
+        conn = self._db.conn
+        with self._step():
+            meta = read_meta(conn)
+            limit = rollup.fast_limit(meta)
+            if limit is None:
+                return
+            top = floor_to(limit, span)
+            if sealed.K_SEALED not in meta or int(meta[sealed.K_SEALED]) < top:
+                # First: a reader that finds a row at or above the mark needs no chunk.
+                set_meta(conn, sealed.K_SEALED, str(top))
+            batches = self._chunks(conn, SEAL_SERIES)
+        for a, b in batches:
+            self._by_span(sealed.FIRST_ROW, a, b, TS_MIN, top, span,
+                          partial(sealed.seal, a=a, b=b, span_ms=span))
+        self._vacuum()
+
+    def _by_span(self, first: str, a: int, b: int, lo: int, hi: int, span: int,
+                 work: Callable[..., object]) -> None:
+        """Run ``work(conn, lo=span_lo, hi=span_hi)`` for each span of ``[lo, hi)`` (ms) that holds
+        something of the series ids ``[a, b)``, one transaction each, jumping over empty
+        spans with the query ``first`` (its oldest ts at or after ``:lo``)."""
+        conn = self._db.conn
+        while lo < hi:
+            with self._step():
+                found = conn.execute(first, {"a": a, "b": b, "lo": lo,
+                                             "span": span}).fetchone()[0]
+                if found is None or found >= hi:
+                    return
+                lo = max(lo, floor_to(found, span))
+                work(conn, lo=lo, hi=lo + span)
+            lo += span
+
+    def _vacuum(self) -> None:
+        """Give the file's free pages back: once, fully, for a store migrated from rows
+        (``K_VACUUM``), which also turns on incremental vacuuming; else incrementally, when
+        they are a large part of the file."""
+        conn = self._db.conn
+        with self._db.errors_as("vacuum the store"):
+            if K_VACUUM in read_meta(conn):
+                conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+                conn.execute("VACUUM")
+                with self._step():
+                    conn.execute("DELETE FROM meta WHERE key = ?", (K_VACUUM,))
+                return
+            if conn.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
+                return
+            free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            if free < max(_VACUUM_MIN_PAGES, pages * _VACUUM_SHARE):
+                return
+            while free > 0:
+                with self._step():
+                    conn.execute(f"PRAGMA incremental_vacuum({_VACUUM_STEP})").fetchall()
+                free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+
+    def _roll_up(self, cut_ms: int, span: int) -> int:
         """Advance the rollup watermark to ``cut_ms`` (the head holds nothing older) and
         (re)build what needs it: from the hour holding the old watermark on, and the hours a
-        write marked stale (``collector.store.rollup``). Returns the block rows written."""
+        write marked stale (``collector.store.rollup``), turning the chunks there back into
+        rows first (``_seal`` seals them again). Returns the block rows written."""
         with self._step() as conn:
             meta = read_meta(conn)
             new_w = max(0, cut_ms)
@@ -266,6 +397,12 @@ class Compactor:
             conn.execute("DELETE FROM meta WHERE key = ?", (rollup.K_DIRTY,))
             # Series created after this transaction write below `w` only as a backfill (D).
             chunks = self._chunks(conn)
+            sealed_below = int(meta.get(sealed.K_SEALED, start))
+        if start < sealed_below:
+            # A backfill below the sealed mark: the rebuild reads rows.
+            for a, b in self._chunks(conn, SEAL_SERIES):
+                self._by_span(sealed.FIRST_CHUNK, a, b, start, w, span,
+                              partial(sealed.unseal, a=a, b=b, span_ms=span))
         written = 0
         lo = start
         while lo < w:

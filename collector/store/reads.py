@@ -1,9 +1,10 @@
 """The read path: series lookups, points and last points, rollup windows, target health.
 
-Every read of samples reads both tables (``samples`` and the write head ``samples_head``) in
-one statement, so one snapshot, and the two sorted streams merge in order; where both hold a
-(series, ts) the head's copy is the newer and wins. Reads that take several statements (the
-rollup windows) run them in one read transaction.
+Samples are in three tables: ``chunks`` (sealed spans, ``collector.store.sealed``),
+``samples`` and the write head ``samples_head``. A read takes all three in one read
+transaction (one snapshot) and merges them in ts order; where two hold a (series, ts) the
+newer copy wins: the head's over the row's, the row's over the chunk's. Chunks are decoded
+only where a window overlaps them.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from collector.store import rollup
+import numpy as np
+
+from collector.store import rollup, sealed
+from collector.store.chunks import decode_chunk
 from collector.store.codec import TS_MAX, TS_MIN, counter_like, decode_value
 from collector.store.rollup import CounterWindow, GaugeWindow
 from collector.store.schema import read_meta
@@ -55,6 +59,14 @@ LEFT JOIN samples AS m ON m.series_id = j.value AND m.ts = (
     SELECT ts FROM samples WHERE series_id = j.value AND ts <= :at AND ts >= :lo
     ORDER BY ts DESC LIMIT 1)
 WHERE h.ts IS NOT NULL OR m.ts IS NOT NULL
+"""
+# Per series: its chunk that may hold the latest sample at or before :at (no older than :lo).
+_LAST_CHUNKS = """
+SELECT j.value, k.start_ts, k.data FROM json_each(:ids) AS j
+JOIN chunks AS k ON k.rowid = (
+    SELECT rowid FROM chunks WHERE series_id = j.value AND start_ts <= :at AND max_ts >= :lo
+      AND min_ts <= :at
+    ORDER BY start_ts DESC LIMIT 1)
 """
 
 
@@ -116,6 +128,9 @@ class Reader:
         self._clock = clock
         self._rollups = version >= 2
         self._gauge_rollups = version >= 3
+        self._chunked = version >= 4
+        #: The store's chunk span (ms), read once it is needed (fixed for a store's life).
+        self._span: int | None = None
         #: (name, labels JSON) -> SeriesKey; immutable facts, so never invalidated.
         self._keys: dict[tuple[str, str], SeriesKey] = {}
 
@@ -126,6 +141,32 @@ class Reader:
                 return db.conn.execute(sql, params).fetchall()
             except sqlite3.Error as exc:
                 raise db.fail(what, exc) from None
+
+    def _span_ms(self, conn: sqlite3.Connection) -> int | None:
+        """The chunk span (ms), or None for a store without chunks (an old one, read-only)."""
+        if self._chunked and self._span is None:
+            self._span = int(read_meta(conn)[sealed.K_SPAN])
+        return self._span
+
+    def _load(self, conn: sqlite3.Connection, ids: Sequence[int], lo: int,
+              hi: int) -> dict[int, sealed.Arrays]:
+        """Per series id, its samples with ``lo <= ts <= hi`` (ms) from all three tables, in
+        the caller's read transaction (``rollup.Loader``). Series without any are absent."""
+        if not ids or hi < lo:
+            return {}
+        ids_json = json.dumps(list(ids))
+        out: dict[int, sealed.Arrays] = {}
+        rows = conn.execute(_POINTS, {"ids": ids_json, "lo": lo, "hi": hi}).fetchall()
+        start = 0
+        for i in range(1, len(rows) + 1):
+            if i == len(rows) or rows[i][0] != rows[start][0]:
+                out[rows[start][0]] = _rows_arrays(rows[start:i])
+                start = i
+        span = self._span_ms(conn)
+        if span is not None:
+            for sid, chunked in sealed.read_chunks(conn, ids_json, lo, hi, span):
+                out[sid] = sealed.merge(chunked, out.get(sid, sealed.empty()))
+        return out
 
     # --- series ----------------------------------------------------------------------------
     def target_health(self) -> list[TargetHealth]:
@@ -182,32 +223,20 @@ class Reader:
         end_ms: int | None,
     ) -> dict[SeriesKey, list[Point]]:
         """``Store.points``."""
-        by_id = {sid: key for sid, key, _ in self.select_series(name, matchers)}
-        if not by_id:
+        selected = self.select_series(name, matchers)
+        if not selected:
             return {}
-        rows = self._query(
-            f"read points of {name!r}",
-            _POINTS,
-            {
-                "ids": json.dumps(list(by_id)),
-                "lo": TS_MIN if start_ms is None else int(start_ms),
-                "hi": TS_MAX if end_ms is None else int(end_ms),
-            },
-        )
+        lo = TS_MIN if start_ms is None else int(start_ms)
+        hi = TS_MAX if end_ms is None else int(end_ms)
+        db = self._db
+        with db.snapshot() as conn, db.errors_as(f"read points of {name!r}"):
+            found = self._load(conn, [sid for sid, _, _ in selected], lo, hi)
         out: dict[SeriesKey, list[Point]] = {}
-        cur_id = None
-        cur: list[Point] = []
-        last_ts = None
-        for sid, ts, v, src in rows:
-            if sid != cur_id:
-                cur_id = sid
-                cur = out[by_id[sid]] = []
-            elif ts == last_ts:  # re-written since it moved: the head's copy wins
-                if not src:
-                    continue
-                cur.pop()
-            cur.append(Point(ts, decode_value(v)))
-            last_ts = ts
+        for sid, key, _ in selected:  # in key order
+            if sid in found:
+                ts, vals, stale = found[sid]
+                out[key] = [Point(t, None if s else v) for t, v, s in
+                            zip(ts.tolist(), vals.tolist(), stale.tolist(), strict=True)]
         return out
 
     def series_arrays(
@@ -215,32 +244,14 @@ class Reader:
         keep: Callable[[SeriesKey], bool] | None = None,
     ) -> Iterator[tuple[SeriesKey, str, Any, Any, Any]]:
         """``Store.series_arrays``."""
-        import numpy as np
-
+        db = self._db
         for sid, key, family_type in self.select_series(name, matchers):
             if keep is not None and not keep(key):
                 continue
-            rows = self._query(f"read points of {name!r}", _POINTS,
-                               {"ids": json.dumps([sid]), "lo": int(start_ms),
-                                "hi": int(end_ms)})
-            if not rows:
-                continue
-            ts: list[int] = []
-            vals: list[float | None] = []
-            last_ts = None
-            for _, t, v, src in rows:
-                if t == last_ts:  # re-written since it moved: the head's copy wins
-                    if not src:
-                        continue
-                    ts.pop()
-                    vals.pop()
-                ts.append(t)
-                vals.append(decode_value(v))
-                last_ts = t
-            stale = np.fromiter((v is None for v in vals), dtype=np.bool_, count=len(vals))
-            values = np.fromiter((math.nan if v is None else v for v in vals),
-                                 dtype=np.float64, count=len(vals))
-            yield key, family_type, np.asarray(ts, dtype=np.int64), values, stale
+            with db.snapshot() as conn, db.errors_as(f"read points of {name!r}"):
+                found = self._load(conn, [sid], int(start_ms), int(end_ms)).get(sid)
+            if found is not None:
+                yield key, family_type, *found
 
     def last_points(
         self, name: str, matchers: StoreMatchers, at_ms: int | None,
@@ -256,18 +267,39 @@ class Reader:
         if lookback_ms is not None:
             ref = math.floor(self._clock() * 1000) if at_ms is None else at
             lo = ref - int(lookback_ms)
-        rows = self._query(
-            f"read the last points of {name!r}",
-            _LAST_POINTS,
-            {"ids": json.dumps(list(by_id)), "at": at, "lo": lo},
-        )
-        found = {
-            sid: Point(hts, decode_value(hv)) if hts is not None and (mts is None or hts >= mts)
-            else Point(mts, decode_value(mv))
-            for sid, hts, hv, mts, mv in rows
-        }
+        db = self._db
+        with db.snapshot() as conn, db.errors_as(f"read the last points of {name!r}"):
+            params = {"ids": json.dumps(list(by_id)), "at": at, "lo": lo}
+            found = {
+                sid: Point(hts, decode_value(hv))
+                if hts is not None and (mts is None or hts >= mts)
+                else Point(mts, decode_value(mv))
+                for sid, hts, hv, mts, mv in conn.execute(_LAST_POINTS, params)
+            }
+            if self._span_ms(conn) is not None:
+                self._last_chunked(conn, by_id, found, at, lo)
         # In key order, like every other read.
         return {key: found[sid] for sid, key, _ in selected if sid in found}
+
+    def _last_chunked(self, conn: sqlite3.Connection, by_id: Mapping[int, SeriesKey],
+                      found: dict[int, Point], at: int, lo: int) -> None:
+        """Where a chunk holds a later sample at or before ``at`` than the rows (``found``),
+        take it. Rows at or above the sealed mark are later than every chunk."""
+        mark = read_meta(conn).get(sealed.K_SEALED)
+        if mark is None:
+            return
+        ids = [sid for sid in by_id if sid not in found or found[sid].ts_ms < int(mark)]
+        if not ids:
+            return
+        for sid, _start, data in conn.execute(
+                _LAST_CHUNKS, {"ids": json.dumps(ids), "at": at, "lo": lo}).fetchall():
+            ts, vals, stale = decode_chunk(data)
+            i = int(np.searchsorted(ts, at, side="right")) - 1
+            if i < 0 or ts[i] < lo:  # min_ts <= at and max_ts >= lo make this rare
+                continue
+            point = Point(int(ts[i]), None if stale[i] else float(vals[i]))
+            if sid not in found or point.ts_ms > found[sid].ts_ms:
+                found[sid] = point
 
     def frame(
         self, name: str, matchers: StoreMatchers, start_ms: int | None,
@@ -323,11 +355,12 @@ class Reader:
                 return None
             selected = self.select_series(name, matchers)
             counters = [sid for sid, key, t in selected if counter_like(t, key.name)]
-            region = rollup.region_windows(conn, counters, p)
-            # Above the rollup limit, and every non-counter: raw rows, summarised as read.
+            load = self._loader(conn)
+            region = rollup.region_windows(conn, counters, p, load)
+            # Above the rollup limit, and every non-counter: raw samples, summarised as read.
             others = [sid for sid, key, t in selected if not counter_like(t, key.name)]
-            raw = self._row_windows(counters, p.hi, p.end) if p.hi <= p.end else {}
-            raw.update(self._row_windows(others, p.start, p.end))
+            raw = self._windows(load, counters, p.hi, p.end) if p.hi <= p.end else {}
+            raw.update(self._windows(load, others, p.start, p.end))
         out: dict[SeriesKey, CounterWindow] = {}
         for sid, key, _ in selected:  # in key order, like every other read
             window = rollup.concat(region.get(sid), raw.get(sid))
@@ -351,31 +384,46 @@ class Reader:
                 if not counter_like(t, key.name)
             ]
             ids = [sid for sid, _ in selected]
-            region = rollup.gauge_region(conn, ids, p)
-            tail: dict[int, list[tuple[int, object]]] = {}
-            if p.hi <= p.end and ids:
-                rows = conn.execute(_POINTS, {"ids": json.dumps(ids), "lo": p.hi, "hi": p.end})
-                # Of two rows with the same series and ts, the head's (src 1) wins.
-                last: tuple[int, int] | None = None
-                for sid, ts, v, src in rows:
-                    pts = tail.setdefault(sid, [])
-                    if last == (sid, ts):
-                        if not src:
-                            continue
-                        pts.pop()
-                    pts.append((ts, v))
-                    last = (sid, ts)
+            load = self._loader(conn)
+            region = rollup.gauge_region(conn, ids, p, load)
+            tail = load(ids, p.hi, p.end) if p.hi <= p.end else {}
         out: dict[SeriesKey, GaugeWindow] = {}
         for sid, key in selected:
-            raw = rollup.gauge_of_points(tail.get(sid, ()))
+            raw = rollup.gauge_of_arrays(tail[sid]) if sid in tail else None
             window = rollup.gauge_concat(region.get(sid), raw)
             if window is not None:
                 out[key] = window
         return out
 
-    def _row_windows(self, ids: list[int], lo: int, hi: int) -> dict[int, CounterWindow]:
-        """``CounterWindow`` of the samples with ``lo <= ts <= hi`` of ``ids`` (both tables)."""
-        if not ids or hi < lo:
-            return {}
-        cur = self._db.conn.execute(_POINTS, {"ids": json.dumps(ids), "lo": lo, "hi": hi})
-        return rollup.windows_of_rows(cur)
+    def _loader(self, conn: sqlite3.Connection) -> rollup.Loader:
+        """``_load`` on ``conn`` (the open read transaction), as ``rollup.Loader``."""
+        return lambda ids, lo, hi: self._load(conn, ids, lo, hi)
+
+    @staticmethod
+    def _windows(load: rollup.Loader, ids: list[int], lo: int,
+                 hi: int) -> dict[int, CounterWindow]:
+        """``CounterWindow`` of the samples with ``lo <= ts <= hi`` of ``ids``."""
+        out: dict[int, CounterWindow] = {}
+        for sid, arrays in load(ids, lo, hi).items():
+            window = rollup.window_of_arrays(arrays)
+            if window is not None:
+                out[sid] = window
+        return out
+
+
+def _rows_arrays(rows: Sequence[tuple[int, int, Any, int]]) -> sealed.Arrays:
+    """One series' stored rows ``(series id, ts, value, table)`` sorted by ts as arrays; of
+    two rows with the same ts the head's (table 1) wins."""
+    ts: list[int] = []
+    vals: list[Any] = []
+    last = None
+    for _, t, v, src in rows:
+        if t == last:  # re-written since it moved: the head's copy wins
+            if not src:
+                continue
+            ts.pop()
+            vals.pop()
+        ts.append(t)
+        vals.append(v)
+        last = t
+    return sealed.rows_to_arrays(ts, vals)

@@ -30,12 +30,17 @@ integer below 2**53, Neumaier's compensation stays 0 and Prometheus 3's ``sum / 
 value). ``up`` (availability) is always the first case. Otherwise readers fall back to the raw
 samples (``GaugeWindow.mean`` returns ``None``).
 
-Then, for a window ``[start, end]`` (ms, inclusive): items 1 and 2 are primary-key seeks in
-``samples``; item 3 is ``SUM(n)`` over the whole days and hours inside the window plus a
-``COUNT`` of the samples in the partial hours at its two edges; item 4 is a range scan of
-``rollup_resets`` over the window (the partial hours at the edges are rolled up too: only
-their count needs a scan). Only the not-yet-rolled-up recent part (what is still in the write
-head) is read sample by sample.
+Then, for a window ``[start, end]`` (ms, inclusive): the samples of the partial hours at its
+two edges are read (from rows or chunks, ``Loader``), which gives items 1 and 2 and their part
+of item 3 (when an edge holds no sample, the first or last block with one is read); item 3 is
+otherwise ``SUM(n)`` over the whole days and hours inside the window; item 4 is a range scan
+of ``rollup_resets`` over the window (the partial hours at the edges are rolled up too). Only
+the not-yet-rolled-up recent part (what is still in the write head) is read sample by sample.
+
+Maintenance is SQL over ``samples``: a range is rebuilt only once its chunks were turned
+back into rows (``collector.store.sealed``); the sample just before the range and just after
+it may still be in a chunk, whose summary columns give it (``LATEST_BEFORE``,
+``_FIRST_AFTER``).
 
 Exactness. The result is the same float64 as computing from all samples: the count and the
 first/last samples are facts, and the resets are returned individually, in sample order, so
@@ -72,9 +77,18 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import pairwise
 from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from vigil.errors import StoreError
+
+#: One series' samples: ts (int64 Unix ms), values (float64, NaN at a marker), staleness mask
+#: (``collector.store.sealed.Arrays``).
+Arrays = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.bool_]]
 
 __all__ = [
     "BLOCKS_PER_DAY",
@@ -83,15 +97,18 @@ __all__ = [
     "K_DIRTY",
     "K_REBUILD",
     "K_WATERMARK",
+    "LATEST_BEFORE",
     "SCHEMA",
     "CounterWindow",
     "GaugeWindow",
+    "Loader",
     "Plan",
     "block_ceil",
     "block_floor",
     "concat",
     "fast_limit",
     "gauge_concat",
+    "gauge_of_arrays",
     "gauge_of_points",
     "gauge_region",
     "note_dirty",
@@ -99,6 +116,7 @@ __all__ = [
     "rebuild",
     "region_windows",
     "summarize",
+    "window_of_arrays",
     "windows_of_rows",
 ]
 
@@ -234,7 +252,9 @@ WHERE series_id IN ({_COUNTER_IDS}) AND ts >= :lo AND ts < :hi AND value IS NOT 
 GROUP BY 1, 2
 """
 # The drops with their later sample in [lo, hi): LAG over the span's non-stale samples plus,
-# per series, the last non-stale sample before lo (the true predecessor of the first one).
+# per series, the last non-stale sample before lo (the true predecessor of the first one),
+# from the rows or from the summary of the last chunk before lo, whichever is later (the
+# range itself is all rows: ``collector.store.sealed``).
 # `typeof(...) = 'real'` keeps NaN (stored as TEXT) out of every comparison, as IEEE does.
 _INSERT_RESETS = f"""
 INSERT INTO rollup_resets (series_id, ts, before)
@@ -249,34 +269,60 @@ SELECT sid, ts, prev FROM (
             WHERE series_id = c.id AND ts < :lo AND value IS NOT NULL
             ORDER BY ts DESC LIMIT 1)
         WHERE c.id >= :a AND c.id < :b AND c.counter
+        UNION ALL
+        SELECT c.id, k.last_ts, k.last_v FROM series AS c
+        JOIN chunks AS k ON k.rowid = (
+            SELECT rowid FROM chunks
+            WHERE series_id = c.id AND start_ts < :lo AND last_ts IS NOT NULL AND last_ts < :lo
+            ORDER BY start_ts DESC LIMIT 1)
+        WHERE c.id >= :a AND c.id < :b AND c.counter
     )
 )
 WHERE ts >= :lo AND typeof(v) = 'real' AND typeof(prev) = 'real' AND v < prev
 """
+#: The value of the last non-stale sample of series ``{sid}`` before ``{bound}``: from the rows
+#: or from the summary of the last chunk that ends below it, whichever is later.
+LATEST_BEFORE = """(SELECT v2 FROM (
+    SELECT * FROM (SELECT p.ts AS t2, p.value AS v2 FROM samples AS p
+                   WHERE p.series_id = {sid} AND p.ts < {bound} AND p.value IS NOT NULL
+                   ORDER BY p.ts DESC LIMIT 1)
+    UNION ALL
+    SELECT * FROM (SELECT k.last_ts, k.last_v FROM chunks AS k
+                   WHERE k.series_id = {sid} AND k.start_ts < {bound}
+                     AND k.last_ts IS NOT NULL AND k.last_ts < {bound}
+                   ORDER BY k.start_ts DESC LIMIT 1))
+    ORDER BY t2 DESC LIMIT 1)"""
 # The first non-stale sample at or after hi keeps its drop row only if it is still a drop from
 # the (possibly changed) last sample before hi. Only within the rolled-up part (< :w); above
 # it, the block is built later with the right predecessor.
-_FIRST_AFTER = """(
-    SELECT s.ts FROM samples AS s
-    WHERE s.series_id = {sid} AND s.ts >= :hi AND s.value IS NOT NULL
-    ORDER BY s.ts LIMIT 1)"""
-# (CROSS JOIN keeps `series` the outer loop: two seeks per series, never a scan of samples.)
+# From the rows, or from the summary of the first chunk that starts at or after hi (no chunk
+# straddles hi: the rebuilt range is unsealed), whichever is earlier.
+_FIRST_AFTER = """(SELECT {col} FROM (
+    SELECT * FROM (SELECT s.ts AS t2, s.value AS v2 FROM samples AS s
+                   WHERE s.series_id = {sid} AND s.ts >= :hi AND s.value IS NOT NULL
+                   ORDER BY s.ts LIMIT 1)
+    UNION ALL
+    SELECT * FROM (SELECT k.first_ts, k.first_v FROM chunks AS k
+                   WHERE k.series_id = {sid} AND k.start_ts > :hi - (
+                       SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'chunk_span_ms')
+                     AND k.first_ts IS NOT NULL AND k.first_ts >= :hi
+                   ORDER BY k.start_ts LIMIT 1))
+    ORDER BY t2 LIMIT 1)"""
 _FIX_DELETE = f"""
 DELETE FROM rollup_resets WHERE (series_id, ts) IN (
-    SELECT c.id, {_FIRST_AFTER.format(sid="c.id")} FROM series AS c
+    SELECT c.id, {_FIRST_AFTER.format(sid="c.id", col="t2")} FROM series AS c
     WHERE c.id >= :a AND c.id < :b)
   AND ts >= :hi AND ts < :w
 """
 _FIX_INSERT = f"""
 INSERT OR REPLACE INTO rollup_resets (series_id, ts, before)
-SELECT c.id, nx.ts, pv.value FROM series AS c
-CROSS JOIN samples AS nx ON nx.series_id = c.id AND nx.ts = {_FIRST_AFTER.format(sid="c.id")}
-CROSS JOIN samples AS pv ON pv.series_id = c.id AND pv.ts = (
-    SELECT ts FROM samples
-    WHERE series_id = c.id AND ts < :hi AND value IS NOT NULL
-    ORDER BY ts DESC LIMIT 1)
-WHERE c.id >= :a AND c.id < :b AND c.counter AND nx.ts < :w
-  AND typeof(nx.value) = 'real' AND typeof(pv.value) = 'real' AND nx.value < pv.value
+SELECT sid, nts, pv FROM (
+    SELECT c.id AS sid, {_FIRST_AFTER.format(sid="c.id", col="t2")} AS nts,
+           {_FIRST_AFTER.format(sid="c.id", col="v2")} AS nv,
+           {LATEST_BEFORE.format(sid="c.id", bound=":hi")} AS pv
+    FROM series AS c
+    WHERE c.id >= :a AND c.id < :b AND c.counter)
+WHERE nts < :w AND typeof(nv) = 'real' AND typeof(pv) = 'real' AND nv < pv
 """
 
 
@@ -379,8 +425,11 @@ def expire(
         "DELETE FROM rollup_resets WHERE series_id >= :a AND series_id < :b AND ts < :lo",
         {"a": a, "b": b, "lo": first},
     )
-    if first >= w:
-        # Nothing rolled up there; only the day's row may have counted expired hours.
+    if first >= w or first == cut_ms:
+        # Nothing rolled up there, or no block partly expired (compaction expires whole
+        # hours): only the day's row may have counted expired hours. (The drop into the
+        # first sample kept, from an expired one, may stay: a window's drops count only
+        # after its first sample.)
         dlo = first // BLOCK_MS // BLOCKS_PER_DAY
         params = {"a": a, "b": b, "dlo": dlo, "dhi": dlo + 1}
         conn.execute(_DELETE_DAYS, params)
@@ -435,26 +484,21 @@ def plan(start_ms: int, end_ms: int, limit_ms: int) -> Plan:
 
 
 _IDS = "SELECT value FROM json_each(:ids)"
-_SEEK = """(
-    SELECT ts FROM samples WHERE series_id = j.value AND ts >= :lo AND ts < :hi
-      AND value IS NOT NULL ORDER BY ts {order} LIMIT 1)"""
-_COUNT = """(
-    SELECT COUNT(*) FROM samples WHERE series_id = j.value AND ts >= {lo} AND ts < {hi}
-      AND value IS NOT NULL)"""
 _HOURS = """COALESCE((
     SELECT SUM(n) FROM rollup WHERE series_id = j.value AND blk >= {lo} AND blk < {hi}), 0)"""
-# Per series: the sample count of [lo, hi) — edges counted, whole hours and days from the
-# rollup — and its first and last non-stale samples.
+# Per series: the sample count of the whole hours and days of a region, from the rollup.
 _REGION = f"""
 SELECT j.value,
-       {_COUNT.format(lo=":lo", hi=":m0")} + {_COUNT.format(lo=":m1", hi=":hi")}
-       + {_HOURS.format(lo=":b0", hi=":h0")} + {_HOURS.format(lo=":h1", hi=":b1")}
+       {_HOURS.format(lo=":b0", hi=":h0")} + {_HOURS.format(lo=":h1", hi=":b1")}
        + COALESCE((SELECT SUM(n) FROM rollup_day
-                   WHERE series_id = j.value AND day >= :d0 AND day < :d1), 0),
-       f.ts, f.value, l.ts, l.value
+                   WHERE series_id = j.value AND day >= :d0 AND day < :d1), 0)
 FROM json_each(:ids) AS j
-JOIN samples AS f ON f.series_id = j.value AND f.ts = {_SEEK.format(order="ASC")}
-JOIN samples AS l ON l.series_id = j.value AND l.ts = {_SEEK.format(order="DESC")}
+"""
+# The first and the last block of a region that holds a sample, per series.
+_BLOCK_SPAN = f"""
+SELECT series_id, MIN(blk), MAX(blk) FROM rollup
+WHERE series_id IN ({_IDS}) AND blk >= :b0 AND blk < :b1 AND n > 0
+GROUP BY series_id
 """
 # The drops of [lo, hi). Every block below the rollup limit is rolled up — also the two
 # partial blocks at the edges — so every drop whose later sample lies in [lo, hi) is stored.
@@ -463,6 +507,11 @@ SELECT series_id, ts, before FROM rollup_resets
 WHERE series_id IN ({_IDS}) AND ts >= :lo AND ts < :hi
 ORDER BY 1, 2
 """
+
+#: Reads one series' samples: ``load(ids, lo, hi)`` gives, per series id, its samples with
+#: ``lo <= ts <= hi`` (ms) as ``(ts, values, stale)`` arrays, from every table that holds
+#: them (``collector.store.reads``).
+Loader = Callable[[Sequence[int], int, int], Mapping[int, Arrays]]
 
 
 def _value(v: object) -> float:
@@ -473,37 +522,98 @@ def _value(v: object) -> float:
     return math.nan if isinstance(v, str) else float(v)  # type: ignore[arg-type]
 
 
-def region_windows(
-    conn: sqlite3.Connection, ids: Sequence[int], p: Plan
-) -> dict[int, CounterWindow]:
-    """Per series id: the ``CounterWindow`` of its samples in ``[p.start, p.hi)``, from the
-    rollup and the edge samples (see ``Plan``). The span must lie below ``fast_limit``, where
-    every sample is in ``samples`` (none in the write head). Series without samples there are
-    absent. Run it in the same read transaction as the ``fast_limit`` it was planned with."""
-    if not ids or p.hi <= p.start:
-        return {}
+def _edge(a: Arrays | None, last: bool) -> tuple[int, float] | None:
+    """The first (or last) non-stale sample of ``a`` as ``(ts, value)``."""
+    if a is None:
+        return None
+    live = np.flatnonzero(~a[2])
+    if not live.size:
+        return None
+    i = int(live[-1] if last else live[0])
+    return int(a[0][i]), float(a[1][i])
+
+
+def _live(a: Arrays | None) -> int:
+    return 0 if a is None else int(a[2].size - np.count_nonzero(a[2]))
+
+
+def _grid(p: Plan) -> dict[str, int]:
+    """The whole blocks ``[b0, b1)`` of a plan, split into hours ``[b0, h0)``, whole days
+    ``[d0, d1)`` and hours ``[h1, b1)``."""
     b0, b1 = p.m0 // BLOCK_MS, p.m1 // BLOCK_MS
-    # Whole days inside the whole blocks: [d0, d1) (days end below m1, so below the limit).
     d0, d1 = -(-b0 // BLOCKS_PER_DAY), b1 // BLOCKS_PER_DAY
     if d1 <= d0:  # no whole day: all hours
         d0 = d1 = 0
         h0 = h1 = b1
     else:
         h0, h1 = d0 * BLOCKS_PER_DAY, d1 * BLOCKS_PER_DAY
-    params = {
-        "ids": json.dumps(list(ids)), "lo": p.start, "m0": p.m0, "m1": p.m1, "hi": p.hi,
-        "b0": b0, "b1": b1, "h0": h0, "h1": h1, "d0": d0, "d1": d1,
-    }
+    return {"b0": b0, "b1": b1, "h0": h0, "h1": h1, "d0": d0, "d1": d1}
+
+
+def region_windows(
+    conn: sqlite3.Connection, ids: Sequence[int], p: Plan, load: Loader
+) -> dict[int, CounterWindow]:
+    """Per series id: the ``CounterWindow`` of its samples in ``[p.start, p.hi)``, from the
+    rollup and the samples of the partial hours at the edges (see ``Plan``), read with
+    ``load``. The span must lie below ``fast_limit``, where the write head holds no sample.
+    Series without samples there are absent. Run it in the same read transaction as the
+    ``fast_limit`` it was planned with."""
+    if not ids or p.hi <= p.start:
+        return {}
+    grid = _grid(p)
+    params = {"ids": json.dumps(list(ids)), "lo": p.start, "hi": p.hi, **grid}
     resets: dict[int, list[tuple[int, float]]] = {}
     for sid, ts, before in conn.execute(_REGION_RESETS, params):
         resets.setdefault(sid, []).append((ts, float(before)))
+    whole = {sid: int(n) for sid, n in conn.execute(_REGION, params)}
+    head = load(ids, p.start, p.m0 - 1)
+    tail = load(ids, p.m1, p.hi - 1)
+    inner = [sid for sid in ids if whole.get(sid)]
+    bounds: dict[int, tuple[int, int]] = {}
+    if inner:
+        rows = conn.execute(_BLOCK_SPAN, {**params, "ids": json.dumps(inner)})
+        bounds = {sid: (lo, hi) for sid, lo, hi in rows}
     out: dict[int, CounterWindow] = {}
-    for sid, n, fts, fv, lts, lv in conn.execute(_REGION, params):
+    for sid in ids:
+        n = whole.get(sid, 0) + _live(head.get(sid)) + _live(tail.get(sid))
+        if not n:
+            continue
+        first = _edge(head.get(sid), last=False)
+        last = _edge(tail.get(sid), last=True)
+        if sid in bounds and (first is None or last is None):
+            b_first, b_last = bounds[sid]
+            if first is None:
+                lo = b_first * BLOCK_MS
+                first = _edge(load([sid], lo, lo + BLOCK_MS - 1).get(sid), last=False)
+            if last is None:
+                lo = b_last * BLOCK_MS
+                last = _edge(load([sid], lo, lo + BLOCK_MS - 1).get(sid), last=True)
+        if first is None:
+            first = _edge(tail.get(sid), last=False)
+        if last is None:
+            last = _edge(head.get(sid), last=True)
+        if first is None or last is None:  # the rollup and the samples disagree
+            raise StoreError(f"series {sid}: the rollup counts {n} samples in "
+                             f"[{p.start}, {p.hi}) ms, but none is stored")
         # A drop into the region's first sample comes from a sample before the window; any
         # later one from a sample at or after the first (the sample just before it).
-        drops = tuple(b for ts, b in resets.get(sid, ()) if ts > fts)
-        out[sid] = CounterWindow(int(n), fts, _value(fv), lts, _value(lv), drops)
+        drops = tuple(b for ts, b in resets.get(sid, ()) if ts > first[0])
+        out[sid] = CounterWindow(n, first[0], first[1], last[0], last[1], drops)
     return out
+
+
+def window_of_arrays(a: Arrays) -> CounterWindow | None:
+    """The ``CounterWindow`` of one series' samples as arrays (``Loader``); ``None`` when none
+    is a sample. (``summarize`` over arrays: IEEE comparisons, so NaN starts or ends no drop.)"""
+    ts, vals, stale = a
+    live = ~stale
+    if not live.all():
+        ts, vals = ts[live], vals[live]
+    if not ts.size:
+        return None
+    drop = np.flatnonzero(vals[1:] < vals[:-1])
+    return CounterWindow(int(ts.size), int(ts[0]), float(vals[0]), int(ts[-1]),
+                         float(vals[-1]), tuple(vals[drop].tolist()))
 
 
 def summarize(points: Iterable[tuple[int, object]]) -> CounterWindow | None:
@@ -594,14 +704,7 @@ def gauge_concat(a: GaugeWindow | None, b: GaugeWindow | None) -> GaugeWindow | 
     )
 
 
-_GAUGE_EDGE = f"""SELECT series_id, {_GAUGE_AGG} FROM samples
-WHERE series_id IN ({_IDS}) AND ts >= {{lo}} AND ts < {{hi}} AND value IS NOT NULL
-GROUP BY 1"""
 _GAUGE_REGION = f"""
-{_GAUGE_EDGE.format(lo=":lo", hi=":m0")}
-UNION ALL
-{_GAUGE_EDGE.format(lo=":m1", hi=":hi")}
-UNION ALL
 SELECT series_id, n, nint, total, vmin, vmax FROM rollup_gauge
 WHERE series_id IN ({_IDS}) AND ((blk >= :b0 AND blk < :h0) OR (blk >= :h1 AND blk < :b1))
 UNION ALL
@@ -611,33 +714,40 @@ WHERE series_id IN ({_IDS}) AND day >= :d0 AND day < :d1
 
 
 def gauge_region(
-    conn: sqlite3.Connection, ids: Sequence[int], p: Plan
+    conn: sqlite3.Connection, ids: Sequence[int], p: Plan, load: Loader
 ) -> dict[int, GaugeWindow]:
     """Per gauge series id: the ``GaugeWindow`` of its samples in ``[p.start, p.hi)``, from the
-    gauge rollup and the edge samples (as ``region_windows`` for counters). Series without
-    samples there are absent."""
+    gauge rollup and the edge samples read with ``load`` (as ``region_windows`` for
+    counters). Series without samples there are absent."""
     if not ids or p.hi <= p.start:
         return {}
-    b0, b1 = p.m0 // BLOCK_MS, p.m1 // BLOCK_MS
-    d0, d1 = -(-b0 // BLOCKS_PER_DAY), b1 // BLOCKS_PER_DAY
-    if d1 <= d0:
-        d0 = d1 = 0
-        h0 = h1 = b1
-    else:
-        h0, h1 = d0 * BLOCKS_PER_DAY, d1 * BLOCKS_PER_DAY
-    params = {
-        "ids": json.dumps(list(ids)), "lo": p.start, "m0": p.m0, "m1": p.m1, "hi": p.hi,
-        "b0": b0, "b1": b1, "h0": h0, "h1": h1, "d0": d0, "d1": d1,
-    }
+    params = {"ids": json.dumps(list(ids)), **_grid(p)}
     out: dict[int, GaugeWindow] = {}
-    for sid, n, nint, total, vmin, vmax in conn.execute(_GAUGE_REGION, params):
-        if not n:
-            continue
-        part = GaugeWindow(int(n), int(nint), float(total), vmin, vmax)
+    parts: list[tuple[int, GaugeWindow | None]] = [
+        (sid, GaugeWindow(int(n), int(nint), float(total), vmin, vmax) if n else None)
+        for sid, n, nint, total, vmin, vmax in conn.execute(_GAUGE_REGION, params)
+    ]
+    for edge in (load(ids, p.start, p.m0 - 1), load(ids, p.m1, p.hi - 1)):
+        parts.extend((sid, gauge_of_arrays(a)) for sid, a in edge.items())
+    for sid, part in parts:
         joined = gauge_concat(out.get(sid), part)
         if joined is not None:
             out[sid] = joined
     return out
+
+
+def gauge_of_arrays(a: Arrays) -> GaugeWindow | None:
+    """The ``GaugeWindow`` of one series' samples as arrays; ``None`` when none is a sample.
+    (As the gauge rollup's SQL counts them: NaN is no REAL, ±Inf no integer.)"""
+    _, vals, stale = a
+    v = vals[~stale] if stale.any() else vals
+    if not v.size:
+        return None
+    real = v[~np.isnan(v)]
+    ints = real[(np.abs(real) <= 2.0**31) & (real == np.trunc(real))] if real.size else real
+    return GaugeWindow(int(v.size), int(ints.size), float(ints.sum()) if ints.size else 0.0,
+                       float(real.min()) if real.size else None,
+                       float(real.max()) if real.size else None)
 
 
 def gauge_of_points(points: Iterable[tuple[int, object]]) -> GaugeWindow | None:

@@ -25,6 +25,13 @@ the count and sum of its integer samples, min and max, so that ``avg_over_time(u
 (availability) is exact from a few lookups (``Store.gauge_windows``). A version-2 store is
 migrated when opened for writing and its rollup rebuilt by the next ``compact()``.
 
+Version 4 added ``chunks`` (``collector.store.sealed``): the samples of each series and span
+of time (``meta.chunk_span_ms``) past the rollup limit, compressed in one blob. A version-3
+store is migrated when opened for writing: the table is created at once, and compaction then
+seals the rows, a few hundred series per transaction (so the collector keeps writing and an
+interrupted conversion resumes where it stopped), and gives the freed pages back to the file
+system once (``K_VACUUM``). Opened read-only, a version-3 store is read as it is, from rows.
+
 A file that is not a Vigil store (not SQLite, another program's database, a newer schema) is
 refused before anything changes it.
 """
@@ -35,7 +42,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from collector.store import rollup
+from collector.store import rollup, sealed
 from vigil.errors import StoreError
 from vigil.storage.sqlite import Database
 
@@ -43,6 +50,7 @@ __all__ = [
     "APPLICATION_ID",
     "K_BACKFILL",
     "K_SERIES_GEN",
+    "K_VACUUM",
     "K_VERSION",
     "K_WATERMARK",
     "SCHEMA_VERSION",
@@ -53,8 +61,8 @@ __all__ = [
 ]
 
 #: Bumped whenever the schema changes incompatibly; a store with a higher number is refused.
-#: 2: the rollup tables; 3: the gauge rollup. Older stores are migrated on open.
-SCHEMA_VERSION = 3
+#: 2: the rollup tables; 3: the gauge rollup; 4: chunks. Older stores are migrated on open.
+SCHEMA_VERSION = 4
 #: ``PRAGMA application_id`` of a Vigil store ("Vigl"), so ``file(1)`` and we can tell.
 APPLICATION_ID = 0x5669_676C
 
@@ -63,6 +71,7 @@ K_VERSION = "schema_version"
 K_WATERMARK = "downsample_watermark_ms"  # raw samples below this are downsampled
 K_BACKFILL = "downsample_backfill_ms"  # a write landed below the watermark, from this bucket
 K_SERIES_GEN = "series_generation"  # bumped when series rows are deleted (invalidates caches)
+K_VACUUM = "vacuum_pending"  # a migrated store: VACUUM once its rows are sealed
 
 _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
@@ -100,6 +109,7 @@ _SCHEMA = (
     )""",
     *rollup.SCHEMA,
     *rollup.GAUGE_SCHEMA,
+    *sealed.SCHEMA,
 )
 
 # Hot b-tree pages of recent series stay cached (KiB), for the writer and every reader.
@@ -108,7 +118,8 @@ _CACHE = "cache_size = -65536"
 _WAL_LIMIT = "journal_size_limit = 67108864"
 
 
-def open_database(path: Path, *, readonly: bool) -> tuple[Database, int]:
+def open_database(path: Path, *, readonly: bool,
+                  span_ms: int = sealed.DEFAULT_SPAN_MS) -> tuple[Database, int]:
     """The store's file, opened; and the schema version it has.
 
     For writing, a new (empty) file gets the current schema and an older store is migrated
@@ -116,7 +127,7 @@ def open_database(path: Path, *, readonly: bool) -> tuple[Database, int]:
     it is (StoreError if the file does not exist). WAL with ``synchronous = NORMAL``: a
     commit survives an application crash; a power loss may lose the last transactions but
     never corrupts the file (an fsync per scrape would cap the write rate far below what the
-    fleet needs).
+    fleet needs). ``span_ms``: the chunk span of a store created or migrated now.
     """
     if readonly and not path.exists():
         raise StoreError(f"{path}: no such store")
@@ -128,12 +139,19 @@ def open_database(path: Path, *, readonly: bool) -> tuple[Database, int]:
     try:
         with db.lock, db.errors_as("open the store"):
             if not readonly and _is_empty(db.conn):
-                _create(db)
+                # Pages freed by sealing rows go back to the file system (``compaction``).
+                # Only settable before the first table exists, and then only by a VACUUM
+                # once the file is in WAL mode (instant on an empty file).
+                db.conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+                db.conn.execute("VACUUM")
+                _create(db, span_ms)
             version = check_version(db.conn, path)
             if not readonly and version < SCHEMA_VERSION:
                 if version < 2:
                     _migrate_to_2(db)
-                _migrate_to_3(db)
+                if version < 3:
+                    _migrate_to_3(db)
+                _migrate_to_4(db, span_ms)
                 version = SCHEMA_VERSION
     except BaseException:
         db.close()
@@ -163,7 +181,7 @@ def _refuse_foreign(conn: sqlite3.Connection, path: Path, readonly: bool) -> Non
         raise StoreError(f"{path}: cannot open the store: {exc}") from None
 
 
-def _create(db: Database) -> None:
+def _create(db: Database, span_ms: int) -> None:
     with db.transaction() as conn, db.errors_as("open the store"):
         # Another process may have created the schema while we waited for the lock.
         if _is_empty(conn):
@@ -171,7 +189,8 @@ def _create(db: Database) -> None:
                 conn.execute(ddl)
             conn.executemany(
                 "INSERT INTO meta (key, value) VALUES (?, ?)",
-                [(K_VERSION, str(SCHEMA_VERSION)), (K_SERIES_GEN, "0")],
+                [(K_VERSION, str(SCHEMA_VERSION)), (K_SERIES_GEN, "0"),
+                 (sealed.K_SPAN, str(span_ms))],
             )
             conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
 
@@ -213,6 +232,16 @@ def _migrate_to_3(db: Database) -> None:
     so the whole rollup is marked stale (D = 0): the next ``compact()`` rebuilds it, and until
     then readers use it only below that mark (nowhere)."""
     _migrate(db, 3, rollup.GAUGE_SCHEMA, lambda conn: rollup.note_dirty(conn, 0))
+
+
+def _migrate_to_4(db: Database, span_ms: int) -> None:
+    """Schema 3 -> 4: add ``chunks`` (``sealed.SCHEMA``) and fix the store's chunk span. The
+    rows stay where they are; compaction seals them (bounded, resumable) and then vacuums the
+    file once (``K_VACUUM``)."""
+    _migrate(db, 4, sealed.SCHEMA, lambda conn: conn.executemany(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+        [(sealed.K_SPAN, str(span_ms)), (K_VACUUM, "1")],
+    ))
 
 
 def _migrate(db: Database, version: int, ddl: Sequence[str],

@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from collector.store import rollup, sealed
 from collector.store.compaction import CompactionReport, Compactor
 from collector.store.head import WriteHead
 from collector.store.reads import Reader, StoreMatchers
@@ -34,7 +35,9 @@ class Store:
 
     ``raw_retention_s``: raw samples younger than this (seconds) are kept as scraped;
     older ones are downsampled to ``resolution_s`` buckets by ``compact()``;
-    ``downsampled_retention_s``: samples older than this are deleted.
+    ``downsampled_retention_s``: samples older than this are deleted (whole hours at a time);
+    ``chunk_span_s``: the span of one compressed chunk (``collector.store.sealed``) in a store
+    created or migrated now, a whole number of hours; an existing store keeps its own.
     A ``Store`` may be shared by threads (calls are serialised by a lock), but a reader
     that must not wait for writes should open its own ``Store``.
     """
@@ -48,6 +51,7 @@ class Store:
         downsampled_retention_s: float = 35 * 86400,
         resolution_s: float = 60.0,
         readonly: bool = False,
+        chunk_span_s: float = sealed.DEFAULT_SPAN_MS / 1000,
     ):
         self.path = Path(path)
         self.readonly = readonly
@@ -62,7 +66,11 @@ class Store:
         self.downsampled_retention_s = float(downsampled_retention_s)
         self.resolution_s = float(resolution_s)
         res_ms = max(1, round(resolution_s * 1000))
-        self._db, version = open_database(self.path, readonly=readonly)
+        span_ms = round(chunk_span_s * 1000)
+        if span_ms <= 0 or span_ms % rollup.BLOCK_MS:
+            raise StoreError(f"{self.path}: the chunk span must be a whole number of hours, "
+                             f"not {chunk_span_s} s")
+        self._db, version = open_database(self.path, readonly=readonly, span_ms=span_ms)
         self._head = WriteHead(self._db, clock, res_ms)
         self._reader = Reader(self._db, clock, version)
         self._compactor = Compactor(
