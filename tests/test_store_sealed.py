@@ -213,7 +213,8 @@ def test_a_schema_3_store_is_migrated_in_place_and_answers_as_before(path: Path)
         before = answers(ro, times)
         assert everything(ro) == expected(rows)
     big = path.stat().st_size
-    with span_store(path) as s:
+    early = Store.open_readonly(path)  # open before the migration, reading on after it
+    with early, span_store(path) as s:
         assert s._meta()["schema_version"] == str(SCHEMA_VERSION) == "4"
         assert counts(s)[1] == 0  # the rows stay until compaction seals them
         assert answers(s, times) == before
@@ -222,6 +223,7 @@ def test_a_schema_3_store_is_migrated_in_place_and_answers_as_before(path: Path)
         assert "vacuum_pending" not in s._meta()
         assert answers(s, times) == before
         assert everything(s) == expected(rows)
+        assert everything(early) == expected(rows)
     assert path.stat().st_size < big / 2  # the freed pages went back to the file system
     with Store.open_readonly(path) as ro:
         assert answers(ro, times) == before

@@ -48,10 +48,11 @@ _ROLLUP_SLICE_MS = 6 * rollup.BLOCK_MS
 SEAL_SERIES = 250
 #: Free pages are given back to the file system when they are more than this part of the
 #: file (and at least ``_VACUUM_MIN_PAGES``), ``_VACUUM_STEP`` pages per transaction. In the
-#: steady state the rows sealed each span free about a tenth of the file, which the next
-#: rows reuse; a first sealing of a large store frees nine tenths.
-_VACUUM_SHARE = 0.25
-_VACUUM_MIN_PAGES = 2_048
+#: steady state the rows sealed each span free about a tenth of a month's file (which new
+#: rows would reuse: giving them back moves that many pages once per span, and keeps the
+#: file at its data's size); a first sealing of a large store frees nine tenths.
+_VACUUM_SHARE = 0.05
+_VACUUM_MIN_PAGES = 256
 _VACUUM_STEP = 16_384
 
 # The series of one batch, as a subquery: ``series_id IN (...)`` lets SQLite seek each series'
@@ -343,6 +344,7 @@ class Compactor:
                 conn.execute("VACUUM")
                 with self._step():
                     conn.execute("DELETE FROM meta WHERE key = ?", (K_VACUUM,))
+                self._checkpoint()
                 return
             if conn.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
                 return
@@ -354,6 +356,13 @@ class Compactor:
                 with self._step():
                     conn.execute(f"PRAGMA incremental_vacuum({_VACUUM_STEP})").fetchall()
                 free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """Copy the WAL into the file and truncate both, so that the pages a vacuum gave back
+        leave the disk now, not when the last connection closes. (A reader in the middle of
+        a read makes this a partial checkpoint; the next one finishes it.)"""
+        self._db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     def _roll_up(self, cut_ms: int, span: int) -> int:
         """Advance the rollup watermark to ``cut_ms`` (the head holds nothing older) and

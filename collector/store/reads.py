@@ -128,7 +128,6 @@ class Reader:
         self._clock = clock
         self._rollups = version >= 2
         self._gauge_rollups = version >= 3
-        self._chunked = version >= 4
         #: The store's chunk span (ms), read once it is needed (fixed for a store's life).
         self._span: int | None = None
         #: (name, labels JSON) -> SeriesKey; immutable facts, so never invalidated.
@@ -143,10 +142,24 @@ class Reader:
                 raise db.fail(what, exc) from None
 
     def _span_ms(self, conn: sqlite3.Connection) -> int | None:
-        """The chunk span (ms), or None for a store without chunks (an old one, read-only)."""
-        if self._chunked and self._span is None:
-            self._span = int(read_meta(conn)[sealed.K_SPAN])
+        """The chunk span (ms), or None while the store has no chunks: a schema-3 store
+        opened read-only, which a writer may migrate while this reader is open (so the
+        question is asked again until the answer is yes; it never changes after that)."""
+        if self._span is None:
+            row = conn.execute("SELECT value FROM meta WHERE key = ?",
+                               (sealed.K_SPAN,)).fetchone()
+            if row is not None:
+                self._span = int(row[0])
         return self._span
+
+    def _sealed(self, conn: sqlite3.Connection) -> rollup.Sealed | None:
+        """The store's chunk span and sealed mark, None while nothing is sealed."""
+        span = self._span_ms(conn)
+        if span is None:
+            return None
+        row = conn.execute("SELECT value FROM meta WHERE key = ?",
+                           (sealed.K_SEALED,)).fetchone()
+        return None if row is None else rollup.Sealed(span, int(row[0]))
 
     def _load(self, conn: sqlite3.Connection, ids: Sequence[int], lo: int,
               hi: int) -> dict[int, sealed.Arrays]:
@@ -356,7 +369,7 @@ class Reader:
             selected = self.select_series(name, matchers)
             counters = [sid for sid, key, t in selected if counter_like(t, key.name)]
             load = self._loader(conn)
-            region = rollup.region_windows(conn, counters, p, load)
+            region = rollup.region_windows(conn, counters, p, self._sealed(conn))
             # Above the rollup limit, and every non-counter: raw samples, summarised as read.
             others = [sid for sid, key, t in selected if not counter_like(t, key.name)]
             raw = self._windows(load, counters, p.hi, p.end) if p.hi <= p.end else {}
@@ -385,7 +398,7 @@ class Reader:
             ]
             ids = [sid for sid, _ in selected]
             load = self._loader(conn)
-            region = rollup.gauge_region(conn, ids, p, load)
+            region = rollup.gauge_region(conn, ids, p, self._sealed(conn))
             tail = load(ids, p.hi, p.end) if p.hi <= p.end else {}
         out: dict[SeriesKey, GaugeWindow] = {}
         for sid, key in selected:

@@ -30,12 +30,14 @@ integer below 2**53, Neumaier's compensation stays 0 and Prometheus 3's ``sum / 
 value). ``up`` (availability) is always the first case. Otherwise readers fall back to the raw
 samples (``GaugeWindow.mean`` returns ``None``).
 
-Then, for a window ``[start, end]`` (ms, inclusive): the samples of the partial hours at its
-two edges are read (from rows or chunks, ``Loader``), which gives items 1 and 2 and their part
-of item 3 (when an edge holds no sample, the first or last block with one is read); item 3 is
-otherwise ``SUM(n)`` over the whole days and hours inside the window; item 4 is a range scan
-of ``rollup_resets`` over the window (the partial hours at the edges are rolled up too). Only
-the not-yet-rolled-up recent part (what is still in the write head) is read sample by sample.
+Then, for a window ``[start, end]`` (ms, inclusive): items 1 and 2 are primary-key seeks in
+``samples`` and, below the sealed mark, the chunks holding the window's edges (or the
+summaries of the chunks after and before them); item 3 is ``SUM(n)`` over the whole days and
+hours inside the window plus a count of the samples in the partial hours at its two edges
+(rows counted in SQL, the edge chunks decoded); item 4 is a range scan of ``rollup_resets``
+over the window (the partial hours at the edges are rolled up too: only their count needs a
+scan). Only the not-yet-rolled-up recent part (what is still in the write head) is read
+sample by sample.
 
 Maintenance is SQL over ``samples``: a range is rebuilt only once its chunks were turned
 back into rows (``collector.store.sealed``); the sample just before the range and just after
@@ -84,6 +86,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from collector.store.chunks import decode_chunk
 from vigil.errors import StoreError
 
 #: One series' samples: ts (int64 Unix ms), values (float64, NaN at a marker), staleness mask
@@ -103,6 +106,7 @@ __all__ = [
     "GaugeWindow",
     "Loader",
     "Plan",
+    "Sealed",
     "block_ceil",
     "block_floor",
     "concat",
@@ -254,7 +258,8 @@ GROUP BY 1, 2
 # The drops with their later sample in [lo, hi): LAG over the span's non-stale samples plus,
 # per series, the last non-stale sample before lo (the true predecessor of the first one),
 # from the rows or from the summary of the last chunk before lo, whichever is later (the
-# range itself is all rows: ``collector.store.sealed``).
+# range itself is all rows: ``collector.store.sealed``). CROSS JOIN keeps ``series`` the outer
+# loop (a seek per series): left to itself the planner scans every sample of the chunk.
 # `typeof(...) = 'real'` keeps NaN (stored as TEXT) out of every comparison, as IEEE does.
 _INSERT_RESETS = f"""
 INSERT INTO rollup_resets (series_id, ts, before)
@@ -264,14 +269,14 @@ SELECT sid, ts, prev FROM (
         WHERE series_id IN ({_COUNTER_IDS}) AND ts >= :lo AND ts < :hi AND value IS NOT NULL
         UNION ALL
         SELECT c.id, p.ts, p.value FROM series AS c
-        JOIN samples AS p ON p.series_id = c.id AND p.ts = (
+        CROSS JOIN samples AS p ON p.series_id = c.id AND p.ts = (
             SELECT ts FROM samples
             WHERE series_id = c.id AND ts < :lo AND value IS NOT NULL
             ORDER BY ts DESC LIMIT 1)
         WHERE c.id >= :a AND c.id < :b AND c.counter
         UNION ALL
         SELECT c.id, k.last_ts, k.last_v FROM series AS c
-        JOIN chunks AS k ON k.rowid = (
+        CROSS JOIN chunks AS k ON k.rowid = (
             SELECT rowid FROM chunks
             WHERE series_id = c.id AND start_ts < :lo AND last_ts IS NOT NULL AND last_ts < :lo
             ORDER BY start_ts DESC LIMIT 1)
@@ -484,21 +489,26 @@ def plan(start_ms: int, end_ms: int, limit_ms: int) -> Plan:
 
 
 _IDS = "SELECT value FROM json_each(:ids)"
+_SEEK = """(
+    SELECT ts FROM samples WHERE series_id = j.value AND ts >= :lo AND ts < :hi
+      AND value IS NOT NULL ORDER BY ts {order} LIMIT 1)"""
+_COUNT = """(
+    SELECT COUNT(*) FROM samples WHERE series_id = j.value AND ts >= {lo} AND ts < {hi}
+      AND value IS NOT NULL)"""
 _HOURS = """COALESCE((
     SELECT SUM(n) FROM rollup WHERE series_id = j.value AND blk >= {lo} AND blk < {hi}), 0)"""
-# Per series: the sample count of the whole hours and days of a region, from the rollup.
+# Per series: the sample count of [lo, hi) — the edges' rows counted, whole hours and days
+# from the rollup (which counts chunked samples too) — and its first and last non-stale rows.
 _REGION = f"""
 SELECT j.value,
-       {_HOURS.format(lo=":b0", hi=":h0")} + {_HOURS.format(lo=":h1", hi=":b1")}
+       {_COUNT.format(lo=":lo", hi=":m0")} + {_COUNT.format(lo=":m1", hi=":hi")}
+       + {_HOURS.format(lo=":b0", hi=":h0")} + {_HOURS.format(lo=":h1", hi=":b1")}
        + COALESCE((SELECT SUM(n) FROM rollup_day
-                   WHERE series_id = j.value AND day >= :d0 AND day < :d1), 0)
+                   WHERE series_id = j.value AND day >= :d0 AND day < :d1), 0),
+       f.ts, f.value, l.ts, l.value
 FROM json_each(:ids) AS j
-"""
-# The first and the last block of a region that holds a sample, per series.
-_BLOCK_SPAN = f"""
-SELECT series_id, MIN(blk), MAX(blk) FROM rollup
-WHERE series_id IN ({_IDS}) AND blk >= :b0 AND blk < :b1 AND n > 0
-GROUP BY series_id
+LEFT JOIN samples AS f ON f.series_id = j.value AND f.ts = {_SEEK.format(order="ASC")}
+LEFT JOIN samples AS l ON l.series_id = j.value AND l.ts = {_SEEK.format(order="DESC")}
 """
 # The drops of [lo, hi). Every block below the rollup limit is rolled up — also the two
 # partial blocks at the edges — so every drop whose later sample lies in [lo, hi) is stored.
@@ -507,11 +517,30 @@ SELECT series_id, ts, before FROM rollup_resets
 WHERE series_id IN ({_IDS}) AND ts >= :lo AND ts < :hi
 ORDER BY 1, 2
 """
+# The chunk of one span, per series.
+_SPAN_CHUNKS = f"""
+SELECT series_id, data FROM chunks WHERE series_id IN ({_IDS}) AND start_ts = :start
+"""
+# From the chunks' summaries: the first non-stale sample in a chunk starting after :after,
+# before :hi; the last one in a chunk starting before :before, at or after :lo.
+_NEXT_FIRST = """SELECT first_ts, first_v FROM chunks WHERE series_id = ? AND start_ts > ?
+    AND first_ts IS NOT NULL AND first_ts < ? ORDER BY start_ts LIMIT 1"""
+_PREV_LAST = """SELECT last_ts, last_v FROM chunks WHERE series_id = ? AND start_ts < ?
+    AND last_ts IS NOT NULL AND last_ts >= ? ORDER BY start_ts DESC LIMIT 1"""
 
-#: Reads one series' samples: ``load(ids, lo, hi)`` gives, per series id, its samples with
+
+#: Reads samples: ``load(ids, lo, hi)`` gives, per series id, its samples with
 #: ``lo <= ts <= hi`` (ms) as ``(ts, values, stale)`` arrays, from every table that holds
 #: them (``collector.store.reads``).
 Loader = Callable[[Sequence[int], int, int], Mapping[int, Arrays]]
+
+
+class Sealed(NamedTuple):
+    """Where a store's chunks are (``collector.store.sealed``): ``span`` (ms) of one chunk;
+    every chunk ends at or below ``mark`` (Unix ms)."""
+
+    span: int
+    mark: int
 
 
 def _value(v: object) -> float:
@@ -520,21 +549,6 @@ def _value(v: object) -> float:
     if type(v) is float:
         return v
     return math.nan if isinstance(v, str) else float(v)  # type: ignore[arg-type]
-
-
-def _edge(a: Arrays | None, last: bool) -> tuple[int, float] | None:
-    """The first (or last) non-stale sample of ``a`` as ``(ts, value)``."""
-    if a is None:
-        return None
-    live = np.flatnonzero(~a[2])
-    if not live.size:
-        return None
-    i = int(live[-1] if last else live[0])
-    return int(a[0][i]), float(a[1][i])
-
-
-def _live(a: Arrays | None) -> int:
-    return 0 if a is None else int(a[2].size - np.count_nonzero(a[2]))
 
 
 def _grid(p: Plan) -> dict[str, int]:
@@ -550,48 +564,68 @@ def _grid(p: Plan) -> dict[str, int]:
     return {"b0": b0, "b1": b1, "h0": h0, "h1": h1, "d0": d0, "d1": d1}
 
 
+def _slice(a: Arrays, lo: int, hi: int) -> Arrays:
+    """The samples of ``a`` with ``lo <= ts < hi``."""
+    i, j = np.searchsorted(a[0], (lo, hi), side="left").tolist()
+    return a[0][i:j], a[1][i:j], a[2][i:j]
+
+
+def _live(a: Arrays) -> tuple[int, tuple[int, float] | None, tuple[int, float] | None]:
+    """How many samples of ``a`` are not markers, and the first and last of them."""
+    live = np.flatnonzero(~a[2])
+    if not live.size:
+        return 0, None, None
+    i, j = int(live[0]), int(live[-1])
+    return int(live.size), (int(a[0][i]), float(a[1][i])), (int(a[0][j]), float(a[1][j]))
+
+
+def _span_chunks(conn: sqlite3.Connection, ids_json: str, t: int,
+                 span: int) -> dict[int, Arrays]:
+    """Per series, its chunk of the span holding ``t`` (ms), decoded."""
+    rows = conn.execute(_SPAN_CHUNKS, {"ids": ids_json, "start": t // span * span})
+    return {sid: decode_chunk(data) for sid, data in rows}
+
+
+def _edge_chunks(conn: sqlite3.Connection, ids_json: str, p: Plan,
+                 sealed: Sealed | None) -> tuple[dict[int, Arrays], dict[int, Arrays]]:
+    """The chunks holding the region's two edges, ``[p.start, p.m0)`` and ``[p.m1, p.hi)``,
+    per series (each edge lies within one block, so within one chunk)."""
+    if sealed is None or p.start >= sealed.mark:
+        return {}, {}
+    first = _span_chunks(conn, ids_json, p.start, sealed.span)
+    if (p.hi - 1) // sealed.span == p.start // sealed.span:
+        return first, first
+    return first, _span_chunks(conn, ids_json, p.hi - 1, sealed.span)
+
+
 def region_windows(
-    conn: sqlite3.Connection, ids: Sequence[int], p: Plan, load: Loader
+    conn: sqlite3.Connection, ids: Sequence[int], p: Plan, sealed: Sealed | None = None
 ) -> dict[int, CounterWindow]:
     """Per series id: the ``CounterWindow`` of its samples in ``[p.start, p.hi)``, from the
-    rollup and the samples of the partial hours at the edges (see ``Plan``), read with
-    ``load``. The span must lie below ``fast_limit``, where the write head holds no sample.
-    Series without samples there are absent. Run it in the same read transaction as the
-    ``fast_limit`` it was planned with."""
+    rollup and the samples of the partial hours at the edges (see ``Plan``), in rows and in
+    the chunks ``sealed`` describes (rows and chunks hold different samples there: a row
+    over a chunk's sample is a backfill, which keeps the rollup limit below it). The span
+    must lie below ``fast_limit``, where the write head holds no sample. Series without
+    samples there are absent. Run it in the same read transaction as the ``fast_limit`` it
+    was planned with."""
     if not ids or p.hi <= p.start:
         return {}
-    grid = _grid(p)
-    params = {"ids": json.dumps(list(ids)), "lo": p.start, "hi": p.hi, **grid}
+    ids_json = json.dumps(list(ids))
+    params = {"ids": ids_json, "lo": p.start, "m0": p.m0, "m1": p.m1, "hi": p.hi, **_grid(p)}
     resets: dict[int, list[tuple[int, float]]] = {}
     for sid, ts, before in conn.execute(_REGION_RESETS, params):
         resets.setdefault(sid, []).append((ts, float(before)))
-    whole = {sid: int(n) for sid, n in conn.execute(_REGION, params)}
-    head = load(ids, p.start, p.m0 - 1)
-    tail = load(ids, p.m1, p.hi - 1)
-    inner = [sid for sid in ids if whole.get(sid)]
-    bounds: dict[int, tuple[int, int]] = {}
-    if inner:
-        rows = conn.execute(_BLOCK_SPAN, {**params, "ids": json.dumps(inner)})
-        bounds = {sid: (lo, hi) for sid, lo, hi in rows}
+    head, tail = _edge_chunks(conn, ids_json, p, sealed)
     out: dict[int, CounterWindow] = {}
-    for sid in ids:
-        n = whole.get(sid, 0) + _live(head.get(sid)) + _live(tail.get(sid))
+    for sid, n, fts, fv, lts, lv in conn.execute(_REGION, params).fetchall():
+        first = None if fts is None else (fts, _value(fv))
+        last = None if lts is None else (lts, _value(lv))
+        if sid in head or sid in tail or (sealed is not None and p.start < sealed.mark):
+            assert sealed is not None
+            n, first, last = _with_chunks(conn, sid, n, first, last, p, sealed,
+                                          head.get(sid), tail.get(sid))
         if not n:
             continue
-        first = _edge(head.get(sid), last=False)
-        last = _edge(tail.get(sid), last=True)
-        if sid in bounds and (first is None or last is None):
-            b_first, b_last = bounds[sid]
-            if first is None:
-                lo = b_first * BLOCK_MS
-                first = _edge(load([sid], lo, lo + BLOCK_MS - 1).get(sid), last=False)
-            if last is None:
-                lo = b_last * BLOCK_MS
-                last = _edge(load([sid], lo, lo + BLOCK_MS - 1).get(sid), last=True)
-        if first is None:
-            first = _edge(tail.get(sid), last=False)
-        if last is None:
-            last = _edge(head.get(sid), last=True)
         if first is None or last is None:  # the rollup and the samples disagree
             raise StoreError(f"series {sid}: the rollup counts {n} samples in "
                              f"[{p.start}, {p.hi}) ms, but none is stored")
@@ -600,6 +634,39 @@ def region_windows(
         drops = tuple(b for ts, b in resets.get(sid, ()) if ts > first[0])
         out[sid] = CounterWindow(n, first[0], first[1], last[0], last[1], drops)
     return out
+
+
+def _with_chunks(
+    conn: sqlite3.Connection, sid: int, n: int, first: tuple[int, float] | None,
+    last: tuple[int, float] | None, p: Plan, sealed: Sealed, head: Arrays | None,
+    tail: Arrays | None,
+) -> tuple[int, tuple[int, float] | None, tuple[int, float] | None]:
+    """A region's count, first and last sample from its rows (``n``, ``first``, ``last``),
+    completed with what its chunks hold: the edge samples, and the first and last sample,
+    from the edge chunks or else from the summaries of the chunks between."""
+    span = sealed.span
+    c_first = c_last = None
+    # (Without a whole block the region is one edge, which may straddle two chunks.)
+    for chunk in (head, tail) if tail is not head else (head,):
+        if chunk is not None:
+            n += _live(_slice(chunk, p.start, p.m0))[0] + _live(_slice(chunk, p.m1, p.hi))[0]
+    if head is not None:
+        c_first = _live(_slice(head, p.start, p.hi))[1]
+    if tail is not None:
+        c_last = _live(_slice(tail, p.start, p.hi))[2]
+    head_end = p.start // span * span + span
+    if c_first is None and (first is None or first[0] >= head_end):
+        row = conn.execute(_NEXT_FIRST, (sid, p.start // span * span, p.hi)).fetchone()
+        c_first = None if row is None else (row[0], _value(row[1]))
+    tail_start = (p.hi - 1) // span * span
+    if c_last is None and (last is None or last[0] < tail_start):
+        row = conn.execute(_PREV_LAST, (sid, tail_start, p.start)).fetchone()
+        c_last = None if row is None else (row[0], _value(row[1]))
+    if c_first is not None and (first is None or c_first[0] < first[0]):
+        first = c_first
+    if c_last is not None and (last is None or c_last[0] > last[0]):
+        last = c_last
+    return n, first, last
 
 
 def window_of_arrays(a: Arrays) -> CounterWindow | None:
@@ -704,7 +771,14 @@ def gauge_concat(a: GaugeWindow | None, b: GaugeWindow | None) -> GaugeWindow | 
     )
 
 
+_GAUGE_EDGE = f"""SELECT series_id, {_GAUGE_AGG} FROM samples
+WHERE series_id IN ({_IDS}) AND ts >= {{lo}} AND ts < {{hi}} AND value IS NOT NULL
+GROUP BY 1"""
 _GAUGE_REGION = f"""
+{_GAUGE_EDGE.format(lo=":lo", hi=":m0")}
+UNION ALL
+{_GAUGE_EDGE.format(lo=":m1", hi=":hi")}
+UNION ALL
 SELECT series_id, n, nint, total, vmin, vmax FROM rollup_gauge
 WHERE series_id IN ({_IDS}) AND ((blk >= :b0 AND blk < :h0) OR (blk >= :h1 AND blk < :b1))
 UNION ALL
@@ -714,21 +788,25 @@ WHERE series_id IN ({_IDS}) AND day >= :d0 AND day < :d1
 
 
 def gauge_region(
-    conn: sqlite3.Connection, ids: Sequence[int], p: Plan, load: Loader
+    conn: sqlite3.Connection, ids: Sequence[int], p: Plan, sealed: Sealed | None = None
 ) -> dict[int, GaugeWindow]:
     """Per gauge series id: the ``GaugeWindow`` of its samples in ``[p.start, p.hi)``, from the
-    gauge rollup and the edge samples read with ``load`` (as ``region_windows`` for
+    gauge rollup and the edge samples in rows and chunks (as ``region_windows`` for
     counters). Series without samples there are absent."""
     if not ids or p.hi <= p.start:
         return {}
-    params = {"ids": json.dumps(list(ids)), **_grid(p)}
+    ids_json = json.dumps(list(ids))
+    params = {"ids": ids_json, "lo": p.start, "m0": p.m0, "m1": p.m1, "hi": p.hi, **_grid(p)}
     out: dict[int, GaugeWindow] = {}
     parts: list[tuple[int, GaugeWindow | None]] = [
         (sid, GaugeWindow(int(n), int(nint), float(total), vmin, vmax) if n else None)
         for sid, n, nint, total, vmin, vmax in conn.execute(_GAUGE_REGION, params)
     ]
-    for edge in (load(ids, p.start, p.m0 - 1), load(ids, p.m1, p.hi - 1)):
-        parts.extend((sid, gauge_of_arrays(a)) for sid, a in edge.items())
+    head, tail = _edge_chunks(conn, ids_json, p, sealed)
+    for edges in (head, tail) if tail is not head else (head,):
+        for sid, a in edges.items():
+            parts.append((sid, gauge_of_arrays(_slice(a, p.start, p.m0))))
+            parts.append((sid, gauge_of_arrays(_slice(a, p.m1, p.hi))))
     for sid, part in parts:
         joined = gauge_concat(out.get(sid), part)
         if joined is not None:

@@ -262,6 +262,8 @@ class Store:
         ``resolution_s`` bucket): per series and bucket the last sample is kept, for
         counter-like series also the samples either side of each reset, and every staleness
         marker. The work is done in SQL in bounded transactions (a slice of time for a chunk
-        of series at a time), so concurrent writers only wait briefly.
+        of series at a time), so concurrent writers only wait briefly. Last, every span of
+        ``chunk_span_s`` wholly below the rollup limit is sealed into compressed chunks
+        (``collector.store.sealed``), and free pages are given back to the file system.
         """
         return self._compactor.compact(now)
