@@ -24,7 +24,9 @@ do in the ``samples`` table (``collector.store.codec``).
 from __future__ import annotations
 
 import struct
+import threading
 import zlib
+from collections import OrderedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -32,7 +34,7 @@ from pcodec import ChunkConfig, standalone
 
 from vigil.errors import StoreError
 
-__all__ = ["FORMAT_VERSION", "chunk_samples", "decode_chunk", "encode_chunk"]
+__all__ = ["FORMAT_VERSION", "DecodedChunks", "chunk_samples", "decode_chunk", "encode_chunk"]
 
 FORMAT_VERSION = 1
 _HEAD = struct.Struct("<BIB")
@@ -136,3 +138,37 @@ def decode_chunk(blob: bytes) -> tuple[IntArray, FloatArray, BoolArray]:
     elif at != len(blob):
         raise StoreError(f"chunk: {len(blob) - at} bytes after its values")
     return ts, vals, stale
+
+
+class DecodedChunks:
+    """Recently decoded chunks, kept up to ``budget`` samples in all (least recently used
+    first out), for readers that decode the same chunks again and again: the dashboard's
+    chart points and the SLO windows that start in the same span. Keyed by the blob itself,
+    so a chunk rewritten since (a backfill merged in, a trim) is a new entry, never a stale
+    one. The arrays it returns are read-only. Thread-safe."""
+
+    def __init__(self, budget: int = 2_000_000) -> None:
+        self.budget = budget
+        self._held = 0
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[bytes, tuple[IntArray, FloatArray, BoolArray]] = OrderedDict()
+
+    def decode(self, blob: bytes) -> tuple[IntArray, FloatArray, BoolArray]:
+        """``decode_chunk(blob)``, from the cache when it holds it."""
+        with self._lock:
+            found = self._cache.get(blob)
+            if found is not None:
+                self._cache.move_to_end(blob)
+                return found
+        decoded = decode_chunk(blob)
+        for array in decoded:
+            array.flags.writeable = False
+        n = int(decoded[0].size)
+        with self._lock:
+            if blob not in self._cache:
+                self._cache[blob] = decoded
+                self._held += n
+                while self._held > self.budget and len(self._cache) > 1:
+                    _, old = self._cache.popitem(last=False)
+                    self._held -= int(old[0].size)
+        return decoded

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import numpy as np
 
 from collector.store import rollup, sealed
-from collector.store.chunks import decode_chunk
+from collector.store.chunks import DecodedChunks
 from collector.store.codec import TS_MAX, TS_MIN, counter_like, decode_value
 from collector.store.rollup import CounterWindow, GaugeWindow
 from collector.store.schema import read_meta
@@ -128,6 +128,8 @@ class Reader:
         self._clock = clock
         self._rollups = version >= 2
         self._gauge_rollups = version >= 3
+        #: Chunks decoded lately (readers ask for the same spans again and again).
+        self._decoded = DecodedChunks()
         #: The store's chunk span (ms), read once it is needed (fixed for a store's life).
         self._span: int | None = None
         #: (name, labels JSON) -> SeriesKey; immutable facts, so never invalidated.
@@ -177,7 +179,8 @@ class Reader:
                 start = i
         span = self._span_ms(conn)
         if span is not None:
-            for sid, chunked in sealed.read_chunks(conn, ids_json, lo, hi, span):
+            for sid, chunked in sealed.read_chunks(conn, ids_json, lo, hi, span,
+                                                   self._decoded.decode):
                 out[sid] = sealed.merge(chunked, out.get(sid, sealed.empty()))
         return out
 
@@ -264,7 +267,9 @@ class Reader:
             with db.snapshot() as conn, db.errors_as(f"read points of {name!r}"):
                 found = self._load(conn, [sid], int(start_ms), int(end_ms)).get(sid)
             if found is not None:
-                yield key, family_type, *found
+                # The caller's own arrays: these may be views of the reader's decoded chunks.
+                ts, vals, stale = (a if a.flags.writeable else a.copy() for a in found)
+                yield key, family_type, ts, vals, stale
 
     def last_points(
         self, name: str, matchers: StoreMatchers, at_ms: int | None,
@@ -306,7 +311,7 @@ class Reader:
             return
         for sid, _start, data in conn.execute(
                 _LAST_CHUNKS, {"ids": json.dumps(ids), "at": at, "lo": lo}).fetchall():
-            ts, vals, stale = decode_chunk(data)
+            ts, vals, stale = self._decoded.decode(data)
             i = int(np.searchsorted(ts, at, side="right")) - 1
             if i < 0 or ts[i] < lo:  # min_ts <= at and max_ts >= lo make this rare
                 continue
@@ -369,7 +374,8 @@ class Reader:
             selected = self.select_series(name, matchers)
             counters = [sid for sid, key, t in selected if counter_like(t, key.name)]
             load = self._loader(conn)
-            region = rollup.region_windows(conn, counters, p, self._sealed(conn))
+            region = rollup.region_windows(conn, counters, p, self._sealed(conn),
+                                           self._decoded.decode)
             # Above the rollup limit, and every non-counter: raw samples, summarised as read.
             others = [sid for sid, key, t in selected if not counter_like(t, key.name)]
             raw = self._windows(load, counters, p.hi, p.end) if p.hi <= p.end else {}
@@ -398,7 +404,8 @@ class Reader:
             ]
             ids = [sid for sid, _ in selected]
             load = self._loader(conn)
-            region = rollup.gauge_region(conn, ids, p, self._sealed(conn))
+            region = rollup.gauge_region(conn, ids, p, self._sealed(conn),
+                                         self._decoded.decode)
             tail = load(ids, p.hi, p.end) if p.hi <= p.end else {}
         out: dict[SeriesKey, GaugeWindow] = {}
         for sid, key in selected:

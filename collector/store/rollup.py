@@ -579,27 +579,32 @@ def _live(a: Arrays) -> tuple[int, tuple[int, float] | None, tuple[int, float] |
     return int(live.size), (int(a[0][i]), float(a[1][i])), (int(a[0][j]), float(a[1][j]))
 
 
-def _span_chunks(conn: sqlite3.Connection, ids_json: str, t: int,
-                 span: int) -> dict[int, Arrays]:
+#: Decodes a chunk's blob (``collector.store.chunks``; a reader passes its cache's).
+Decode = Callable[[bytes], Arrays]
+
+
+def _span_chunks(conn: sqlite3.Connection, ids_json: str, t: int, span: int,
+                 decode: Decode) -> dict[int, Arrays]:
     """Per series, its chunk of the span holding ``t`` (ms), decoded."""
     rows = conn.execute(_SPAN_CHUNKS, {"ids": ids_json, "start": t // span * span})
-    return {sid: decode_chunk(data) for sid, data in rows}
+    return {sid: decode(data) for sid, data in rows}
 
 
-def _edge_chunks(conn: sqlite3.Connection, ids_json: str, p: Plan,
-                 sealed: Sealed | None) -> tuple[dict[int, Arrays], dict[int, Arrays]]:
+def _edge_chunks(conn: sqlite3.Connection, ids_json: str, p: Plan, sealed: Sealed | None,
+                 decode: Decode) -> tuple[dict[int, Arrays], dict[int, Arrays]]:
     """The chunks holding the region's two edges, ``[p.start, p.m0)`` and ``[p.m1, p.hi)``,
     per series (each edge lies within one block, so within one chunk)."""
     if sealed is None or p.start >= sealed.mark:
         return {}, {}
-    first = _span_chunks(conn, ids_json, p.start, sealed.span)
+    first = _span_chunks(conn, ids_json, p.start, sealed.span, decode)
     if (p.hi - 1) // sealed.span == p.start // sealed.span:
         return first, first
-    return first, _span_chunks(conn, ids_json, p.hi - 1, sealed.span)
+    return first, _span_chunks(conn, ids_json, p.hi - 1, sealed.span, decode)
 
 
 def region_windows(
-    conn: sqlite3.Connection, ids: Sequence[int], p: Plan, sealed: Sealed | None = None
+    conn: sqlite3.Connection, ids: Sequence[int], p: Plan, sealed: Sealed | None = None,
+    decode: Decode = decode_chunk,
 ) -> dict[int, CounterWindow]:
     """Per series id: the ``CounterWindow`` of its samples in ``[p.start, p.hi)``, from the
     rollup and the samples of the partial hours at the edges (see ``Plan``), in rows and in
@@ -615,7 +620,7 @@ def region_windows(
     resets: dict[int, list[tuple[int, float]]] = {}
     for sid, ts, before in conn.execute(_REGION_RESETS, params):
         resets.setdefault(sid, []).append((ts, float(before)))
-    head, tail = _edge_chunks(conn, ids_json, p, sealed)
+    head, tail = _edge_chunks(conn, ids_json, p, sealed, decode)
     out: dict[int, CounterWindow] = {}
     for sid, n, fts, fv, lts, lv in conn.execute(_REGION, params).fetchall():
         first = None if fts is None else (fts, _value(fv))
@@ -788,7 +793,8 @@ WHERE series_id IN ({_IDS}) AND day >= :d0 AND day < :d1
 
 
 def gauge_region(
-    conn: sqlite3.Connection, ids: Sequence[int], p: Plan, sealed: Sealed | None = None
+    conn: sqlite3.Connection, ids: Sequence[int], p: Plan, sealed: Sealed | None = None,
+    decode: Decode = decode_chunk,
 ) -> dict[int, GaugeWindow]:
     """Per gauge series id: the ``GaugeWindow`` of its samples in ``[p.start, p.hi)``, from the
     gauge rollup and the edge samples in rows and chunks (as ``region_windows`` for
@@ -802,7 +808,7 @@ def gauge_region(
         (sid, GaugeWindow(int(n), int(nint), float(total), vmin, vmax) if n else None)
         for sid, n, nint, total, vmin, vmax in conn.execute(_GAUGE_REGION, params)
     ]
-    head, tail = _edge_chunks(conn, ids_json, p, sealed)
+    head, tail = _edge_chunks(conn, ids_json, p, sealed, decode)
     for edges in (head, tail) if tail is not head else (head,):
         for sid, a in edges.items():
             parts.append((sid, gauge_of_arrays(_slice(a, p.start, p.m0))))
