@@ -570,15 +570,6 @@ def _slice(a: Arrays, lo: int, hi: int) -> Arrays:
     return a[0][i:j], a[1][i:j], a[2][i:j]
 
 
-def _live(a: Arrays) -> tuple[int, tuple[int, float] | None, tuple[int, float] | None]:
-    """How many samples of ``a`` are not markers, and the first and last of them."""
-    live = np.flatnonzero(~a[2])
-    if not live.size:
-        return 0, None, None
-    i, j = int(live[0]), int(live[-1])
-    return int(live.size), (int(a[0][i]), float(a[1][i])), (int(a[0][j]), float(a[1][j]))
-
-
 #: Decodes a chunk's blob (``collector.store.chunks``; a reader passes its cache's).
 Decode = Callable[[bytes], Arrays]
 
@@ -621,14 +612,17 @@ def region_windows(
     for sid, ts, before in conn.execute(_REGION_RESETS, params):
         resets.setdefault(sid, []).append((ts, float(before)))
     head, tail = _edge_chunks(conn, ids_json, p, sealed, decode)
+    edges = ((p.start, p.m0), (p.m1, p.hi))
+    in_head = _edge_stats(head, edges, (p.start, p.hi))
+    in_tail = in_head if tail is head else _edge_stats(tail, edges, (p.start, p.hi))
     out: dict[int, CounterWindow] = {}
     for sid, n, fts, fv, lts, lv in conn.execute(_REGION, params).fetchall():
         first = None if fts is None else (fts, _value(fv))
         last = None if lts is None else (lts, _value(lv))
-        if sid in head or sid in tail or (sealed is not None and p.start < sealed.mark):
-            assert sealed is not None
-            n, first, last = _with_chunks(conn, sid, n, first, last, p, sealed,
-                                          head.get(sid), tail.get(sid))
+        if sealed is not None and p.start < sealed.mark:
+            n += in_head[0].get(sid, 0) + (in_tail[0].get(sid, 0) if tail is not head else 0)
+            first, last = _with_chunks(conn, sid, first, last, p, sealed,
+                                       in_head[1].get(sid), in_tail[2].get(sid))
         if not n:
             continue
         if first is None or last is None:  # the rollup and the samples disagree
@@ -641,24 +635,62 @@ def region_windows(
     return out
 
 
+Sample = tuple[int, float]
+
+
+def _edge_stats(
+    chunks: Mapping[int, Arrays], edges: Sequence[tuple[int, int]], whole: tuple[int, int],
+) -> tuple[dict[int, int], dict[int, Sample], dict[int, Sample]]:
+    """Per series, of its chunk in ``chunks``: how many non-stale samples lie in the ``edges``
+    ranges ``[lo, hi)`` (ms), and the first and the last non-stale sample in ``whole``.
+
+    All series at once: the chunks are laid end to end, each series' timestamps shifted into
+    its own 2**42 ms slot of one sorted key, so that every bound is one ``searchsorted`` over
+    all series and the counts come from one running sum (a loop over series, a few numpy
+    calls each, cost more than the decoding)."""
+    if not chunks:
+        return {}, {}, {}
+    sids = list(chunks)
+    parts = [chunks[sid] for sid in sids]
+    ts = np.concatenate([a[0] for a in parts])
+    vals = np.concatenate([a[1] for a in parts])
+    live = ~np.concatenate([a[2] for a in parts])
+    sizes = np.fromiter((a[0].size for a in parts), dtype=np.int64, count=len(parts))
+    slot = 1 << 42  # ~139 years of ms: every chunk's samples fit in one slot
+    base = int(ts.min())
+    rows = np.arange(len(sids), dtype=np.int64) * slot
+    key = ts - base + np.repeat(rows, sizes)
+
+    def bound(t: int) -> npt.NDArray[np.int64]:
+        return np.searchsorted(key, rows + min(max(t - base, 0), slot - 1))
+
+    cum = np.concatenate(([0], np.cumsum(live, dtype=np.int64)))
+    counts = np.zeros(len(sids), dtype=np.int64)
+    for lo, hi in edges:
+        if lo < hi:
+            counts += cum[bound(hi)] - cum[bound(lo)]
+    i, j = bound(whole[0]), bound(whole[1])
+    pos = np.arange(ts.size, dtype=np.int64)
+    nxt = np.minimum.accumulate(np.where(live, pos, ts.size)[::-1])[::-1]
+    nxt = np.concatenate((nxt, [ts.size]))[i]
+    prv = np.maximum.accumulate(np.where(live, pos, -1))[np.maximum(j - 1, 0)]
+    has_first = nxt < j
+    has_last = (j > i) & (prv >= i)
+    firsts, lasts = {}, {}
+    for k in np.flatnonzero(has_first).tolist():
+        firsts[sids[k]] = (int(ts[nxt[k]]), float(vals[nxt[k]]))
+    for k in np.flatnonzero(has_last).tolist():
+        lasts[sids[k]] = (int(ts[prv[k]]), float(vals[prv[k]]))
+    return dict(zip(sids, counts.tolist(), strict=True)), firsts, lasts
+
+
 def _with_chunks(
-    conn: sqlite3.Connection, sid: int, n: int, first: tuple[int, float] | None,
-    last: tuple[int, float] | None, p: Plan, sealed: Sealed, head: Arrays | None,
-    tail: Arrays | None,
-) -> tuple[int, tuple[int, float] | None, tuple[int, float] | None]:
-    """A region's count, first and last sample from its rows (``n``, ``first``, ``last``),
-    completed with what its chunks hold: the edge samples, and the first and last sample,
-    from the edge chunks or else from the summaries of the chunks between."""
+    conn: sqlite3.Connection, sid: int, first: Sample | None, last: Sample | None, p: Plan,
+    sealed: Sealed, c_first: Sample | None, c_last: Sample | None,
+) -> tuple[Sample | None, Sample | None]:
+    """A region's first and last sample from its rows (``first``, ``last``) and from its edge
+    chunks (``c_first``, ``c_last``), or else from the summaries of the chunks between."""
     span = sealed.span
-    c_first = c_last = None
-    # (Without a whole block the region is one edge, which may straddle two chunks.)
-    for chunk in (head, tail) if tail is not head else (head,):
-        if chunk is not None:
-            n += _live(_slice(chunk, p.start, p.m0))[0] + _live(_slice(chunk, p.m1, p.hi))[0]
-    if head is not None:
-        c_first = _live(_slice(head, p.start, p.hi))[1]
-    if tail is not None:
-        c_last = _live(_slice(tail, p.start, p.hi))[2]
     head_end = p.start // span * span + span
     if c_first is None and (first is None or first[0] >= head_end):
         row = conn.execute(_NEXT_FIRST, (sid, p.start // span * span, p.hi)).fetchone()
@@ -671,7 +703,7 @@ def _with_chunks(
         first = c_first
     if c_last is not None and (last is None or c_last[0] > last[0]):
         last = c_last
-    return n, first, last
+    return first, last
 
 
 def window_of_arrays(a: Arrays) -> CounterWindow | None:

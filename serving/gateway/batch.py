@@ -328,8 +328,10 @@ class BatchQueue:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(min(self._cfg.poll_interval, self._renew_every))
+            if not self._held:
+                continue  # (nothing to renew: the clock is not even read)
             now = self._clock()
-            if not self._held or now - self._renewed_at < self._renew_every:
+            if now - self._renewed_at < self._renew_every:
                 continue
             try:
                 await loop.run_in_executor(self._renew_executor, self._store.renew,
