@@ -292,9 +292,10 @@ class Compactor:
             ts, vals, stale = decode_chunk(data)
             keep = ts >= cut
             gone += int(ts.size - keep.sum())
-            conn.execute("DELETE FROM chunks WHERE rowid = ?", (rowid,))
             if keep.any():
                 sealed.write_chunk(conn, sid, start, (ts[keep], vals[keep], stale[keep]))
+            else:
+                conn.execute("DELETE FROM chunks WHERE rowid = ?", (rowid,))
         return gone
 
     def _seal(self, span: int) -> None:

@@ -62,7 +62,7 @@ WHERE h.ts IS NOT NULL OR m.ts IS NOT NULL
 """
 # Per series: its chunk that may hold the latest sample at or before :at (no older than :lo).
 _LAST_CHUNKS = """
-SELECT j.value, k.start_ts, k.data FROM json_each(:ids) AS j
+SELECT j.value, k.data FROM json_each(:ids) AS j
 JOIN chunks AS k ON k.rowid = (
     SELECT rowid FROM chunks WHERE series_id = j.value AND start_ts <= :at AND max_ts >= :lo
       AND min_ts <= :at
@@ -181,7 +181,8 @@ class Reader:
         if span is not None:
             for sid, chunked in sealed.read_chunks(conn, ids_json, lo, hi, span,
                                                    self._decoded.decode):
-                out[sid] = sealed.merge(chunked, out.get(sid, sealed.empty()))
+                rows_of = out.get(sid)
+                out[sid] = chunked if rows_of is None else sealed.merge(chunked, rows_of)
         return out
 
     # --- series ----------------------------------------------------------------------------
@@ -294,22 +295,20 @@ class Reader:
                 else Point(mts, decode_value(mv))
                 for sid, hts, hv, mts, mv in conn.execute(_LAST_POINTS, params)
             }
-            if self._span_ms(conn) is not None:
-                self._last_chunked(conn, by_id, found, at, lo)
+            where = self._sealed(conn)
+            if where is not None:
+                self._last_chunked(conn, by_id, found, at, lo, where.mark)
         # In key order, like every other read.
         return {key: found[sid] for sid, key, _ in selected if sid in found}
 
     def _last_chunked(self, conn: sqlite3.Connection, by_id: Mapping[int, SeriesKey],
-                      found: dict[int, Point], at: int, lo: int) -> None:
+                      found: dict[int, Point], at: int, lo: int, mark: int) -> None:
         """Where a chunk holds a later sample at or before ``at`` than the rows (``found``),
-        take it. Rows at or above the sealed mark are later than every chunk."""
-        mark = read_meta(conn).get(sealed.K_SEALED)
-        if mark is None:
-            return
-        ids = [sid for sid in by_id if sid not in found or found[sid].ts_ms < int(mark)]
+        take it. Rows at or above the sealed ``mark`` are later than every chunk."""
+        ids = [sid for sid in by_id if sid not in found or found[sid].ts_ms < mark]
         if not ids:
             return
-        for sid, _start, data in conn.execute(
+        for sid, data in conn.execute(
                 _LAST_CHUNKS, {"ids": json.dumps(ids), "at": at, "lo": lo}).fetchall():
             ts, vals, stale = self._decoded.decode(data)
             i = int(np.searchsorted(ts, at, side="right")) - 1

@@ -121,7 +121,6 @@ __all__ = [
     "region_windows",
     "summarize",
     "window_of_arrays",
-    "windows_of_rows",
 ]
 
 #: Rollup block length (ms): one hour. Windows of the SLO engine are whole hours or days, and
@@ -729,30 +728,6 @@ def summarize(points: Iterable[tuple[int, object]]) -> CounterWindow | None:
     # `if currPoint.V < prevValue { resultValue += prevValue }` (extrapolatedRate)
     drops = tuple(a for (_, a), (_, b) in pairwise(pts) if b < a)
     return CounterWindow(len(pts), pts[0][0], pts[0][1], pts[-1][0], pts[-1][1], drops)
-
-
-def windows_of_rows(rows: Iterable[tuple[int, int, object, int]]) -> dict[int, CounterWindow]:
-    """Per series id, the ``CounterWindow`` of stored rows ``(series id, ts, value, table)``
-    sorted by series and ts (``Store``'s merged read of the main table, 0, and the write head,
-    1): of two rows with the same series and ts, the head's wins."""
-    series: dict[int, list[tuple[int, object]]] = {}
-    cur: list[tuple[int, object]] = []
-    last_sid = last_ts = None
-    for sid, ts, v, src in rows:
-        if sid != last_sid:
-            cur = series[sid] = []
-        elif ts == last_ts:
-            if not src:
-                continue
-            cur.pop()
-        cur.append((ts, v))
-        last_sid, last_ts = sid, ts
-    out: dict[int, CounterWindow] = {}
-    for sid, pts in series.items():
-        w = summarize(pts)
-        if w is not None:
-            out[sid] = w
-    return out
 
 
 def concat(head: CounterWindow | None, tail: CounterWindow | None) -> CounterWindow | None:

@@ -20,8 +20,9 @@ Invariants, all Unix ms:
 Maintenance that rewrites samples (downsampling, rebuilding the rollup after a backfill)
 works in SQL on rows, so it first ``unseal``s the spans it covers (the chunks become rows
 again) and compaction seals them again. The samples just before and after such a range are
-read from each chunk's summary columns (first and last non-stale sample, ``PRED_SQL``), so
-a neighbouring chunk is never unsealed just to be looked at.
+read from each chunk's summary columns (first and last non-stale sample; the rollup's
+``LATEST_BEFORE`` and ``_FIRST_AFTER``), so a neighbouring chunk is never unsealed just to be
+looked at.
 
 Values in the summary columns are spelled as in ``samples`` (``collector.store.codec``):
 a NaN sample is the TEXT ``'NaN'``; the columns hold no staleness marker (NULL means the
@@ -48,10 +49,8 @@ __all__ = [
     "FIRST_ROW",
     "K_SEALED",
     "K_SPAN",
-    "PRED_SQL",
     "SCHEMA",
     "Arrays",
-    "empty",
     "merge",
     "read_chunks",
     "rows_to_arrays",
@@ -90,22 +89,12 @@ SCHEMA = (
     "CREATE UNIQUE INDEX chunks_by_series ON chunks (series_id, start_ts)",
 )
 
-#: The last non-stale sample of the series ``{sid}`` in a chunk that ends below ``:lo``, as
-#: ``(ts, value)``: the predecessor of a row range starting at ``:lo`` when the rows before it
-#: are sealed. (Spans that a range overlaps are unsealed before the range is rewritten, so no
-#: chunk straddles ``:lo`` then.)
-PRED_SQL = """SELECT k.last_ts, k.last_v FROM chunks AS k
-WHERE k.series_id = {sid} AND k.start_ts < :lo AND k.last_ts IS NOT NULL AND k.last_ts < :lo
-ORDER BY k.start_ts DESC LIMIT 1"""
-
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 #: One series' samples: ts (int64 Unix ms, ascending), values (float64, NaN at a marker),
 #: staleness mask.
 Arrays = tuple[IntArray, FloatArray, BoolArray]
-
-_EMPTY: Arrays = (np.empty(0, np.int64), np.empty(0, np.float64), np.empty(0, np.bool_))
 
 _CHUNK_IDS = "SELECT id FROM series WHERE id >= :a AND id < :b"
 # The rows of a span in two parts: numbers (all of them, almost always), read straight into
@@ -124,7 +113,10 @@ FIRST_ROW = """SELECT MIN((SELECT MIN(ts) FROM samples WHERE series_id = series.
 #: The oldest chunk that ends after :lo, of the series ids [a, b).
 FIRST_CHUNK = """SELECT MIN((SELECT MIN(start_ts) FROM chunks WHERE series_id = series.id
                          AND start_ts > :lo - :span)) FROM series WHERE id >= :a AND id < :b"""
-_CHUNK_OF = "SELECT data FROM chunks WHERE series_id = ? AND start_ts = ?"
+_CHUNKS_IN = f"""
+SELECT series_id, start_ts, data FROM chunks
+WHERE series_id IN ({_CHUNK_IDS}) AND start_ts >= :lo AND start_ts < :hi
+"""
 _UPSERT = """INSERT INTO chunks (series_id, start_ts, n, min_ts, max_ts, first_ts, first_v,
     last_ts, last_v, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (series_id, start_ts) DO UPDATE SET n = excluded.n, min_ts = excluded.min_ts,
@@ -232,13 +224,15 @@ def seal(conn: sqlite3.Connection, a: int, b: int, lo: int, hi: int,
     start = ts // span_ms * span_ms
     cuts = np.flatnonzero((sid[1:] != sid[:-1]) | (start[1:] != start[:-1])) + 1
     bounds = np.concatenate(([0], cuts, [sid.size]))
+    # Chunks already there (rows written into sealed spans): one query for the batch.
+    existing = {(s, st): data for s, st, data in conn.execute(_CHUNKS_IN, params)}
     written = 0
     for i, j in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
         s, st = int(sid[i]), int(start[i])
         part: Arrays = (ts[i:j], vals[i:j], stale[i:j])
-        old = conn.execute(_CHUNK_OF, (s, st)).fetchone()
+        old = existing.get((s, st))
         if old is not None:
-            part = merge(decode_chunk(old[0]), part)
+            part = merge(decode_chunk(old), part)
         write_chunk(conn, s, st, part)
         written += 1
     conn.execute(_DELETE_ROWS_IN, params)
@@ -301,8 +295,3 @@ def _window(parts: Iterable[Arrays], lo: int, hi: int) -> Arrays:
         j = int(np.searchsorted(ts, hi, side="right"))
         ts, vals, stale = ts[i:j], vals[i:j], stale[i:j]
     return ts, vals, stale
-
-
-def empty() -> Arrays:
-    """No samples."""
-    return _EMPTY
