@@ -25,6 +25,7 @@ from alerts.notifier import NotifierCounters
 from vigil.conventions import (
     LABEL_ACTION,
     LABEL_ALERTNAME,
+    LABEL_COPY,
     LABEL_INSTANCE,
     LABEL_KIND,
     LABEL_MODEL_NAME,
@@ -56,6 +57,9 @@ from vigil.conventions import (
     METRIC_OBJECTIVE,
     METRIC_QUEUE_LENGTH,
     METRIC_SCALING_ACTION,
+    METRIC_SERVE_LEADER,
+    METRIC_SERVE_LEADER_CHANGES,
+    METRIC_SERVE_LEASE_TERM,
     METRIC_SLI_ERROR_RATIO,
     METRIC_TARGET_SCRAPE_DURATION,
     METRIC_TARGET_UP,
@@ -63,7 +67,7 @@ from vigil.conventions import (
 )
 from vigil.model import TargetHealth
 
-__all__ = ["Exporter", "Snapshot", "VigilCollector"]
+__all__ = ["Exporter", "LeaderRole", "Snapshot", "VigilCollector"]
 
 _SLO_LABELS = [LABEL_SLO, LABEL_POOL, LABEL_MODEL_NAME]
 #: ``"p95"`` (status JSON) -> ``"0.95"`` (Prometheus's quantile label convention).
@@ -87,6 +91,32 @@ class Snapshot:
     #: Every route name, so that counters of a route that never sent exist at 0 (counters
     #: that appear late make ``rate()`` miss the first increase).
     routes: Sequence[str] = field(default_factory=tuple)
+    #: With several copies on a shared database: this copy's role, else None.
+    leadership: LeaderRole | None = None
+
+
+@dataclass(frozen=True)
+class LeaderRole:
+    """This copy's part in the leader's lease: its name, whether it leads, the lease's
+    current term (0 before any) and how often this copy took the lead."""
+
+    copy: str
+    leader: bool
+    term: int
+    acquisitions: int
+
+
+def _leader_families(role: LeaderRole) -> Iterator[Metric]:
+    leader = _gauge(METRIC_SERVE_LEADER, "1 on the copy of vigil serve that holds the leader's "
+                    "lease (it delivers the alerts), 0 on the copies standing by", [LABEL_COPY])
+    leader.add_metric([role.copy], 1.0 if role.leader else 0.0)
+    term = _gauge(METRIC_SERVE_LEASE_TERM, "The leader's lease term as this copy last saw it "
+                  "(it grows by one at every change of leader)", [LABEL_COPY])
+    term.add_metric([role.copy], float(role.term))
+    taken = CounterMetricFamily(METRIC_SERVE_LEADER_CHANGES,
+                                "Times this copy took the leader's lease", labels=[LABEL_COPY])
+    taken.add_metric([role.copy], float(role.acquisitions))
+    yield from (leader, term, taken)
 
 
 def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
@@ -252,6 +282,8 @@ class VigilCollector(Collector):
                       "(Unix seconds)", [])
         _add(last, [], snap.evaluated_at)
         yield from (ev, last)
+        if snap.leadership is not None:
+            yield from _leader_families(snap.leadership)
 
 
 class Exporter:

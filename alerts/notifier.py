@@ -32,10 +32,12 @@ from alerts.delivery import DeliveryResult, MissingSecret, post, resolve_secret
 from alerts.formats import render
 from alerts.grouping import Grouper
 from alerts.model import Alert, Notification
-from alerts.outbox import Outbox, OutboxItem, OutboxStats
+from alerts.outbox import Fence, Outbox, OutboxItem, OutboxStats
 from vigil.clock import Clock, system_clock
 from vigil.config import AlertRouteConfig, Config
 from vigil.conventions import OUTBOX_GIVEN_UP, OUTBOX_PENDING, OUTBOX_SUPERSEDED
+from vigil.errors import LeaseLost
+from vigil.storage.database import is_postgres_url
 
 __all__ = ["DeliveryRound", "Notifier", "NotifierCounters", "read_status", "redact_url"]
 
@@ -104,16 +106,18 @@ class Notifier:
     """Groups alerts, stores notifications durably and delivers them (see module docstring).
 
     ``outbox_path``: the SQLite file of the outbox (its own file is best: the sample store
-    checks its own schema). ``clock``: Unix seconds. ``rng``: retry jitter. ``transport``:
-    an httpx transport for tests. ``env``: where ``secret_env`` names are looked up
-    (default ``os.environ``, read at each attempt so a rotated secret takes effect).
+    checks its own schema), or the PostgreSQL URL copies of `vigil serve` share; ``fence``:
+    the leader's lease check for a shared one (``Outbox``). ``clock``: Unix seconds.
+    ``rng``: retry jitter. ``transport``: an httpx transport for tests. ``env``: where
+    ``secret_env`` names are looked up (default ``os.environ``, read at each attempt so a
+    rotated secret takes effect).
     """
 
     def __init__(self, config: Config, outbox_path: str | Path, *, clock: Clock = system_clock,
                  rng: random.Random | None = None,
                  transport: httpx.AsyncBaseTransport | None = None,
                  env: Mapping[str, str] | None = None,
-                 max_concurrency: int = MAX_CONCURRENCY):
+                 max_concurrency: int = MAX_CONCURRENCY, fence: Fence | None = None):
         self.config = config
         self._alerts_cfg = config.alerts
         self._routes: dict[str, AlertRouteConfig] = {r.name: r for r in config.alerts.routes}
@@ -124,7 +128,7 @@ class Notifier:
         self.grouper = Grouper(config.alerts.routes)
         self.outbox = Outbox(outbox_path, retry_initial=self._alerts_cfg.retry_initial,
                              retry_max=self._alerts_cfg.retry_max,
-                             max_age=self._alerts_cfg.max_age, rng=rng)
+                             max_age=self._alerts_cfg.max_age, rng=rng, fence=fence)
         self._counters = NotifierCounters()
         self._busy: set[tuple[str, str]] = set()
         self._active: list[tuple[Alert, list[str]]] = []
@@ -243,10 +247,16 @@ class Notifier:
 
     async def _attempt(self, client: httpx.AsyncClient, item: OutboxItem, now: float,
                        rnd: DeliveryRound) -> bool:
-        attempt = self.outbox.begin_attempt(item.id, self._stamp(now))
+        url, timeout, secret_env = self._target(item)
+        try:
+            attempt = self.outbox.begin_attempt(item.id, self._stamp(now), hold=timeout)
+        except LeaseLost as exc:
+            # Another copy leads now, or the lease is too short for this attempt to end
+            # before it runs out: the row stays pending for whoever holds the lease.
+            log.warning("alert notification %s not sent: %s", item.key, exc)
+            return False
         if attempt is None:
             return False  # finished or taken meanwhile
-        url, timeout, secret_env = self._target(item)
         try:
             secret = resolve_secret(secret_env, self._env)
         except MissingSecret as exc:
@@ -364,6 +374,12 @@ def read_status(outbox_path: str | Path, now: float | None = None) -> dict[str, 
     ``process`` and the outbox. A missing outbox file reads as empty (nothing was ever
     queued) and is not created."""
     now = time.time() if now is None else now
+    if is_postgres_url(outbox_path):
+        shared = Outbox(outbox_path)
+        try:
+            return _status(shared, now, shared.active())
+        finally:
+            shared.close()
     path = Path(outbox_path)
     if not path.exists():
         return {"now": now, "firing": [], "outbox": {

@@ -34,9 +34,8 @@ from __future__ import annotations
 
 import json
 import random
-import sqlite3
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,8 +43,9 @@ from typing import Any
 from alerts.grouping import LogEntry
 from alerts.model import Alert, Notification
 from vigil.conventions import OUTBOX_DONE, OUTBOX_GIVEN_UP, OUTBOX_PENDING, OUTBOX_SUPERSEDED
-from vigil.errors import VigilError
-from vigil.storage.sqlite import Database
+from vigil.errors import StoreError
+from vigil.storage.database import Connection, is_postgres_url, open_database
+from vigil.storage.lease import LEASE_SCHEMA
 
 __all__ = ["Outbox", "OutboxError", "OutboxItem", "OutboxStats", "backoff_delay"]
 
@@ -123,8 +123,15 @@ _COLUMNS = (
 )
 
 
-class OutboxError(VigilError):
+class OutboxError(StoreError):
     """The outbox file could not be opened or written."""
+
+
+#: A check run first inside the outbox's write transactions that decide what is sent
+#: (``enqueue``, ``begin_attempt``): it raises ``LeaseLost`` to refuse the write unless this
+#: process holds the leader's lease with at least the given seconds left
+#: (``vigil.storage.lease.Lease.fence``).
+Fence = Callable[[Connection, float], None]
 
 
 def backoff_delay(attempts: int, *, initial: float, cap: float, rng: random.Random) -> float:
@@ -197,39 +204,45 @@ class OutboxStats:
 
 
 class Outbox:
-    """An SQLite outbox at ``path`` (its own file, or tables in a shared SQLite file).
+    """The outbox at ``target``: an SQLite file (its own, or tables in a shared SQLite file),
+    or a PostgreSQL URL that several copies of `vigil serve` share.
 
     ``retry_initial``/``retry_max``/``max_age`` are seconds; ``rng`` supplies the jitter.
-    Thread-safe (one connection behind a lock); several processes may open the same file
-    (WAL, busy timeout), but only one should deliver from it.
+    Thread-safe. Several processes may open the same outbox, but only one may deliver from
+    it at a time: the holder of the leader's lease, when ``fence`` is given (every
+    ``enqueue`` and ``begin_attempt`` then checks the lease in its own transaction).
     """
 
-    def __init__(self, path: str | Path, *, retry_initial: float = 1.0,
+    def __init__(self, target: str | Path, *, retry_initial: float = 1.0,
                  retry_max: float = 300.0, max_age: float = 86400.0,
-                 rng: random.Random | None = None):
-        self.path = Path(path)
+                 rng: random.Random | None = None, fence: Fence | None = None):
+        postgres = is_postgres_url(target)
+        #: The file, or the URL without its password (what messages name).
+        self.path: Path | str = str(target) if postgres else Path(target)
         self.retry_initial = retry_initial
         self.retry_max = retry_max
         self.max_age = max_age
         self._rng = rng or random.Random()
+        self._fence = fence
         # FULL: a committed notification survives a power loss too, not only a crash;
-        # notifications are few, the fsync per commit costs nothing that matters.
-        self._db = Database(self.path, what="the alert outbox", error=OutboxError,
-                            synchronous="FULL", schema=_SCHEMA)
+        # notifications are few, the fsync per commit costs nothing that matters. The
+        # lease's table is created with the outbox's, since fenced writes read it.
+        self._db = open_database(target, what="the alert outbox", schema=_SCHEMA + LEASE_SCHEMA,
+                                 error=OutboxError, synchronous="FULL")
+        if postgres:
+            self.path = self._db.display
         self.instance = self._instance_id()
 
     def _instance_id(self) -> uuid.UUID:
+        # Random on purpose (not from the injected RNG): a recreated outbox must never produce
+        # the keys of a deleted one, which receivers may still remember. Copies opening a
+        # shared outbox together agree on the first one written.
         with self._db.transaction() as c:
-            row = c.execute("SELECT value FROM alert_outbox_meta WHERE key = 'instance'")
-            found = row.fetchone()
-            if found:
-                return uuid.UUID(found[0])
-            # Random on purpose (not from the injected RNG): a recreated outbox must never
-            # produce the keys of a deleted one, which receivers may still remember.
-            instance = uuid.uuid4()
-            c.execute("INSERT INTO alert_outbox_meta (key, value) VALUES ('instance', ?)",
-                      (str(instance),))
-            return instance
+            c.execute("INSERT INTO alert_outbox_meta (key, value) VALUES ('instance', ?) "
+                      "ON CONFLICT (key) DO NOTHING", (str(uuid.uuid4()),))
+            found = c.execute(
+                "SELECT value FROM alert_outbox_meta WHERE key = 'instance'").fetchone()
+            return uuid.UUID(found[0])
 
     def close(self) -> None:
         """Close the file (idempotent); everything written is already committed."""
@@ -258,11 +271,13 @@ class Outbox:
         ids = []
         seqs: dict[tuple[str, str], int] = {}
         with self._db.transaction() as c:
+            if self._fence is not None:
+                self._fence(c, 0.0)
             for n, body, route in entries:
                 c.execute(
                     "INSERT INTO alert_outbox_groups (route, group_key, next_seq) "
                     "VALUES (?, ?, 1) ON CONFLICT (route, group_key) "
-                    "DO UPDATE SET next_seq = next_seq + 1",
+                    "DO UPDATE SET next_seq = alert_outbox_groups.next_seq + 1",
                     (n.route, n.group_key),
                 )
                 seq = c.execute(
@@ -282,17 +297,17 @@ class Outbox:
                     "INSERT INTO alert_outbox (idempotency_key, route, group_key, seq, status, "
                     "snapshot, reason, alert_status, firing, resolved, url, format, timeout, "
                     "secret_env, body, created_at, next_attempt_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                     (key, n.route, n.group_key, seq, OUTBOX_PENDING, int(n.snapshot), n.reason,
                      n.status, len(n.firing), len(n.resolved), route.url, route.format,
                      route.timeout, route.secret_env, body, n.created_at, n.created_at),
                 )
-                ids.append(cur.lastrowid)
+                ids.append(int(cur.fetchone()[0]))
             self._write_log(c, log, forget, seqs)
-        return [self.get(i) for i in ids]  # type: ignore[arg-type]
+        return [self.get(i) for i in ids]
 
     @staticmethod
-    def _write_log(c: sqlite3.Connection, log: Iterable[LogEntry],
+    def _write_log(c: Connection, log: Iterable[LogEntry],
                    forget: Iterable[tuple[str, str]],
                    seqs: dict[tuple[str, str], int]) -> None:
         for e in log:
@@ -303,7 +318,8 @@ class Outbox:
                 "DO UPDATE SET labels = excluded.labels, created_at = excluded.created_at, "
                 "firing = excluded.firing, resolved = excluded.resolved, "
                 "alerts = excluded.alerts, sent_at = excluded.sent_at, "
-                "notifications = excluded.notifications, seq = COALESCE(excluded.seq, seq)",
+                "notifications = excluded.notifications, "
+                "seq = COALESCE(excluded.seq, alert_outbox_nflog.seq)",
                 (e.route, e.group_key, json.dumps(dict(e.labels), sort_keys=True),
                  e.created_at, json.dumps(sorted(e.firing)), json.dumps(sorted(e.resolved)),
                  json.dumps([a.as_dict() for a in e.alerts], sort_keys=True), e.sent_at,
@@ -336,10 +352,17 @@ class Outbox:
                 )
         return stuck
 
-    def begin_attempt(self, item_id: int, now: float) -> int | None:
+    def begin_attempt(self, item_id: int, now: float, *, hold: float = 0.0) -> int | None:
         """Record that an attempt starts now; returns its number (1, 2, ...), or None when
-        the row is no longer pending or already being sent."""
+        the row is no longer pending or already being sent.
+
+        ``hold``: seconds the attempt may take (the route's timeout). With a fence, the
+        attempt begins only if the lease has that long left, so it ends before another copy
+        can take the lease and send the row again; else ``LeaseLost``.
+        """
         with self._db.transaction() as c:
+            if self._fence is not None:
+                self._fence(c, hold)
             cur = c.execute(
                 "UPDATE alert_outbox SET attempts = attempts + 1, inflight_since = ?, "
                 "last_attempt_at = ? WHERE id = ? AND status = ? AND inflight_since IS NULL",
@@ -439,8 +462,9 @@ class Outbox:
         with self._db.transaction() as c:
             c.execute("DELETE FROM alert_active")
             c.executemany(
-                "INSERT OR REPLACE INTO alert_active (fingerprint, alert, routes) "
-                "VALUES (?, ?, ?)",
+                "INSERT INTO alert_active (fingerprint, alert, routes) VALUES (?, ?, ?) "
+                "ON CONFLICT (fingerprint) DO UPDATE SET alert = excluded.alert, "
+                "routes = excluded.routes",
                 [(a.fingerprint, json.dumps(a.as_dict(), sort_keys=True), json.dumps(list(r)))
                  for a, r in alerts],
             )
@@ -491,13 +515,13 @@ class Outbox:
         return None if row[0] is None else float(row[0])
 
     def stats(self, now: float) -> OutboxStats:
-        with self._db.lock:
-            counts = dict(self._db.query(
-                "SELECT status, COUNT(*) FROM alert_outbox GROUP BY status"))
-            in_flight, oldest = self._db.query(
+        with self._db.snapshot() as c:
+            counts = dict(c.execute(
+                "SELECT status, COUNT(*) FROM alert_outbox GROUP BY status").fetchall())
+            in_flight, oldest = c.execute(
                 "SELECT COUNT(inflight_since), MIN(created_at) FROM alert_outbox "
                 "WHERE status = ?", (OUTBOX_PENDING,),
-            )[0]
+            ).fetchone()
         return OutboxStats(
             pending=counts.get(OUTBOX_PENDING, 0),
             in_flight=in_flight or 0,

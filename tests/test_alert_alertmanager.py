@@ -14,20 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from conftest import require_binary
-from support.alerts import Receiver, config, receiver, route
-from support.loopback import free_port, wait_for
+from support.alertmanager import POLL_S, Alertmanager, run_alertmanager
+from support.alerts import config, receiver, route
+from support.loopback import wait_for
 
 from alerts.formats import API_ALERT_VALIDITY, render_alertmanager_webhook
 from alerts.grouping import group_key
@@ -37,75 +33,12 @@ from alerts.notifier import Notifier
 GROUP_BY = ["alertname", "pool", "slo"]
 
 
-@dataclass
-class Alertmanager:
-    url: str
-    process: subprocess.Popen[bytes]
-    log: Path
-    hook: Receiver
-
-    def alerts(self) -> list[dict[str, Any]]:
-        r = httpx.get(f"{self.url}/api/v2/alerts", timeout=5)
-        r.raise_for_status()
-        return r.json()  # type: ignore[no-any-return]
-
-
-#: How often the tests poll Alertmanager and the receiver (seconds).
-POLL_S = 0.05
-
-
 @pytest.fixture
 def alertmanager(tmp_path: Path) -> Iterator[Alertmanager]:
-    binary = require_binary("prometheus-alertmanager", also=("alertmanager",))
-    with receiver() as hook:
-        cfg = tmp_path / "alertmanager.yml"
-        # A child route like Vigil's: matchers, group_by; tiny waits so the test is quick.
-        cfg.write_text(
-            "route:\n"
-            "  receiver: blackhole\n"
-            "  routes:\n"
-            "    - receiver: hook\n"
-            "      match:\n"
-            "        severity: page\n"
-            f"      group_by: {json.dumps(GROUP_BY)}\n"
-            "      group_wait: 1s\n"
-            "      group_interval: 1s\n"
-            "receivers:\n"
-            "  - name: blackhole\n"
-            "  - name: hook\n"
-            "    webhook_configs:\n"
-            f"      - url: {hook.url}\n"
-            "        send_resolved: true\n"
-        )
-        port = free_port()
-        log = tmp_path / "alertmanager.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [binary, f"--config.file={cfg}", f"--storage.path={tmp_path / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
-                 "--log.level=warn"],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
-            )
-        am = Alertmanager(f"http://127.0.0.1:{port}", proc, log, hook)
-        try:
-            def ready() -> bool:
-                if proc.poll() is not None:
-                    raise AssertionError(f"alertmanager exited: {log.read_text()[-2000:]}")
-                try:
-                    return httpx.get(f"{am.url}/-/ready", timeout=1).status_code == 200
-                except httpx.HTTPError:
-                    return False
-
-            wait_for("alertmanager to be ready", ready, 20, POLL_S)
-            yield am
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+    # A child route like Vigil's: matchers, group_by; tiny waits so the test is quick.
+    with receiver() as hook, run_alertmanager(tmp_path, hook, match={"severity": "page"},
+                                              group_by=GROUP_BY) as am:
+        yield am
 
 
 def _ts(text: str) -> float:

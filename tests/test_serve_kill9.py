@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.alerts import Request, alert, receiver
+from support.alerts import HoldFirstOfEach, alert, receiver
 from support.loopback import free_port
 from support.serve import MODEL, load, stop_process, tight_slo_config, wait_for
 
@@ -82,28 +82,10 @@ def test_kill_9_of_serve_during_delivery_then_restart(tmp_path: Path) -> None:
     sim_port, serve_port, serve_port2 = free_port(), free_port(), free_port()
     sim_base = f"http://127.0.0.1:{sim_port}"
     cfg = tmp_path / "vigil.toml"
-    stalling = threading.Event()
-    stalling.set()
-    release = threading.Event()
-    seen_lock = threading.Lock()
-    seen: set[str] = set()
-    stalled: list[Request] = []
-    stalled_one = threading.Event()
-
-    def stall_first_of_each(req: Request) -> tuple[int, bytes]:
-        with seen_lock:
-            first = req.key not in seen
-            seen.add(req.key)
-        if first and stalling.is_set():
-            stalled.append(req)
-            stalled_one.set()
-            release.wait(STALL)  # the sender is dead by then: this answer goes nowhere
-            return 503, b"stalled"  # never a 2xx: nobody was told it arrived
-        return 200, b"ok"
-
+    behaviour = HoldFirstOfEach(STALL)
     procs: list[subprocess.Popen[bytes]] = []
     stop_load = threading.Event()
-    with receiver(stall_first_of_each) as rec:
+    with receiver(behaviour) as rec:
         _config(cfg, sim_base, rec.url)
         try:
             procs.append(subprocess.Popen(
@@ -117,18 +99,17 @@ def test_kill_9_of_serve_during_delivery_then_restart(tmp_path: Path) -> None:
 
             first = _serve(cfg, serve_port, tmp_path / "serve1.log")
             procs.append(first)
-            assert stalled_one.wait(45), (tmp_path / "serve1.log").read_text()[-3000:]
+            assert behaviour.held_one.wait(45), (tmp_path / "serve1.log").read_text()[-3000:]
             # The request is in flight (the route's timeout is 20 s): kill -9 now.
             os.kill(first.pid, signal.SIGKILL)
             assert first.wait(10) == -signal.SIGKILL
-            stalling.clear()
-            release.set()
+            behaviour.answer_from_now_on()
 
             # What the killed process left: the stalled notification pending, in flight.
             ob = Outbox(load_config(str(cfg)).outbox_path())
             before = {r.key: r for r in ob.items()}
             ob.close()
-            stalled_keys = {r.key for r in stalled}
+            stalled_keys = {r.key for r in behaviour.held}
             assert stalled_keys <= set(before)
             for key in stalled_keys:
                 assert before[key].status == OUTBOX_PENDING
@@ -174,7 +155,7 @@ def test_kill_9_of_serve_during_delivery_then_restart(tmp_path: Path) -> None:
             assert second.wait(30) == 0, (tmp_path / "serve2.log").read_text()[-3000:]
         finally:
             stop_load.set()
-            release.set()
+            behaviour.answer_from_now_on()
             for p in procs:
                 stop_process(p)
 

@@ -240,6 +240,16 @@ METRIC_TARGET_UP = "vigil_target_up"
 METRIC_TARGET_SCRAPE_DURATION = "vigil_target_scrape_duration_seconds"
 METRIC_EVALUATION_DURATION = "vigil_evaluation_duration_seconds"
 METRIC_LAST_EVALUATION = "vigil_last_evaluation_timestamp_seconds"
+#: Copies of `vigil serve` on a shared database ([serve] database): 1 on the copy that holds
+#: the leader's lease (the one that delivers), 0 on the others; the lease's term number;
+#: how often this copy took the lead (a counter, without ``_total``).
+METRIC_SERVE_LEADER = "vigil_serve_leader"
+METRIC_SERVE_LEASE_TERM = "vigil_serve_lease_term"
+METRIC_SERVE_LEADER_CHANGES = "vigil_serve_leader_acquisitions"
+#: The copy's name (``[serve] name``) on the leader series.
+LABEL_COPY = "copy"
+#: The name of the lease the copies of `vigil serve` elect their leader with.
+SERVE_LEASE_NAME = "vigil-serve-alerts"
 #: Labels of the exporter's series (LABEL_POOL, LABEL_MODEL_NAME, LABEL_SLO, ... as above).
 LABEL_WINDOW = "window"
 LABEL_SIGNAL = "signal"

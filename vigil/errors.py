@@ -14,6 +14,7 @@ __all__ = [
     "GatewayError",
     "IngestError",
     "LaunchError",
+    "LeaseLost",
     "ParseError",
     "ScrapeError",
     "SourceError",
@@ -97,6 +98,11 @@ class StoreUnavailable(StoreError):
     """The database server cannot be reached (down, restarting, network cut): nothing was
     written, and the same call may succeed later. Writers that must not lose data buffer and
     retry on this error."""
+
+
+class LeaseLost(StoreError):
+    """This copy does not hold the lease it acts under (another copy took it, it expired, or
+    too little of it is left for the write asked): the write was not made."""
 
 
 class GatewayError(VigilError):

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace, *, clock: Clock = system_clock) -> int:
     from vigil.config import load_config
 
     config = load_config(args.config)
-    status = read_status(config.outbox_path(), clock())
+    status = read_status(config.outbox_target(), clock())
     if args.json:
         json.dump(status, sys.stdout, indent=2, sort_keys=True, default=str)
         print()

@@ -9,6 +9,10 @@ One asyncio loop runs one ``AsyncIOScheduler`` with these jobs:
 * ``deliver`` (every second): retries and group timers (``Notifier.process`` again when a
   group_wait/group_interval is due, then ``deliver_due``).
 
+With ``[serve] database`` several copies share the outbox there, and a ``lease`` job (every
+second or so, on a thread of its own) keeps the leader's lease (``alerts.leadership``): the
+copy holding it groups and delivers, the others evaluate and stand by until it is theirs.
+
 With ``[engine] prometheus_url`` (or ``--prometheus-url``) there is no collector and no
 store: a Prometheus scrapes the replicas, ``evaluate`` reads it (``slo.sources.prometheus``), and
 replica health (``TargetDown``) comes from its ``up`` series, each replica named by its pool's
@@ -38,7 +42,8 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client.exposition import choose_encoder
 
 from alerts.conditions import ConditionState, evaluate_conditions, kv_usage_by_replica
-from alerts.exporter import Exporter, Snapshot
+from alerts.exporter import Exporter, LeaderRole, Snapshot
+from alerts.leadership import Leadership
 from alerts.model import Alert
 from alerts.notifier import Notifier, redact_url
 from vigil.cli_options import add_config_option, add_listen_option, add_prometheus_url_option
@@ -55,7 +60,7 @@ from vigil.conventions import (
     TARGET_KINDS,
     VLLM_KV_CACHE_USAGE,
 )
-from vigil.errors import ConfigError, SourceError
+from vigil.errors import ConfigError, LeaseLost, SourceError, StoreError
 from vigil.model import Point, TargetHealth
 
 __all__ = ["EvaluationResult", "Server", "add_arguments", "parse_listen", "run"]
@@ -358,6 +363,11 @@ class Server:
         self.failures = 0
         self.last_error = ""
         self._eval_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vigil-eval")
+        #: With ``[serve] database``: this copy's side of the leader's lease (None until the
+        #: database was first reached), and the thread its blocking calls run on.
+        self.leadership: Leadership | None = None
+        self._lease_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vigil-lease")
+        self._lease_error = ""
         self._tasks: dict[str, asyncio.Task[Any]] = {}
         self._deliver_lock = asyncio.Lock()
         self._http: ThreadingHTTPServer | None = None
@@ -383,6 +393,68 @@ class Server:
 
     async def _deliver_job(self) -> None:
         self._spawn("deliver", self.deliver_once)
+
+    async def _lease_job(self) -> None:
+        self._spawn("lease", self.lease_once)
+
+    # --- the leader's lease ([serve] database) ----------------------------------------------
+    @property
+    def shared(self) -> bool:
+        """Whether copies share the outbox and elect a leader (``[serve] database``)."""
+        return bool(self.config.serve.database)
+
+    def _acting(self) -> bool:
+        """Whether this copy queues and delivers now: always with its own outbox; with a
+        shared one, only while it leads (a deadline passed without a tick noticing counts as
+        lost, and the notifier is dropped at once)."""
+        if self.notifier is None:
+            return False
+        if self.leadership is None or self.leadership.leads():
+            return True
+        self.leadership.step_down("the lease's deadline passed before it could be renewed")
+        self._drop_notifier()
+        return False
+
+    def _drop_notifier(self) -> None:
+        notifier, self.notifier = self.notifier, None
+        if notifier is not None:
+            notifier.close()
+
+    async def lease_once(self) -> None:
+        """One try for the leader's lease; takes the lead or steps down as it finds."""
+        loop = asyncio.get_running_loop()
+        cfg = self.config.serve
+        if self.leadership is None:
+            try:
+                self.leadership = await loop.run_in_executor(
+                    self._lease_thread,
+                    lambda: Leadership(cfg.database, cfg.name, cfg.lease_duration))
+            except StoreError as exc:
+                if str(exc) != self._lease_error:
+                    log.error("standing by: cannot reach the shared database: %s", exc)
+                self._lease_error = str(exc)
+                self._publish()
+                return
+            self._lease_error = ""
+        lead = self.leadership
+        turn = await loop.run_in_executor(self._lease_thread, lead.tick)
+        if turn.kind == "lost":
+            self._drop_notifier()
+        elif turn.kind == "became":
+            self._drop_notifier()
+            try:
+                # The notifier picks up the groups and unacknowledged notifications where
+                # the previous leader left them (the shared notification log and outbox).
+                self.notifier = await loop.run_in_executor(
+                    self._lease_thread, lambda: Notifier(
+                        self.config, self.config.outbox_target(), clock=self.clock,
+                        fence=lead.fence()))
+            except StoreError as exc:
+                lead.step_down(f"could not open the shared outbox: {exc}")
+                await loop.run_in_executor(self._lease_thread, lead.release)
+            else:
+                log.warning("%s: delivering alerts from now on", lead.describe())
+        self._publish()
 
     async def evaluate_once(self) -> list[Alert]:
         """One evaluation: status, conditions, notifier, exporter; returns the alerts."""
@@ -422,34 +494,58 @@ class Server:
         self.alerts = [a for a in alerts if a.firing]
         self._last = result
         self.evaluations += 1
-        assert self.notifier is not None
-        self.notifier.process(now, alerts)
+        if self._acting():
+            assert self.notifier is not None
+            try:
+                self.notifier.process(now, alerts)
+            except LeaseLost as exc:
+                self._lost(exc)
         self._publish()
         await self.deliver_once()
         return alerts
 
+    def _lost(self, exc: LeaseLost) -> None:
+        assert self.leadership is not None
+        self.leadership.step_down(str(exc))
+        self._drop_notifier()
+
     async def deliver_once(self) -> None:
         """Advance group timers and send what is due (retries included)."""
-        assert self.notifier is not None
         async with self._deliver_lock:
+            if not self._acting():
+                return
+            notifier = self.notifier
+            assert notifier is not None
             now = self.clock()
-            wake = self.notifier.next_wakeup()
-            if wake is not None and wake <= now and self.evaluations:
-                # Timers (group_wait, group_interval) only advance in process(). Not before
-                # the first evaluation: self.alerts is not known yet, and process() would
-                # replace the alerts the previous process saved with none (a retry left
-                # in the outbox is due at once after a restart; deliver_due sends it).
-                self.notifier.process(now, self.alerts)
-            await self.notifier.deliver_due(now)
+            wake = notifier.next_wakeup()
+            try:
+                if wake is not None and wake <= now and self.evaluations:
+                    # Timers (group_wait, group_interval) only advance in process(). Not
+                    # before the first evaluation: self.alerts is not known yet, and
+                    # process() would replace the alerts the previous process saved with
+                    # none (a retry left in the outbox is due at once after a restart;
+                    # deliver_due sends it).
+                    notifier.process(now, self.alerts)
+                await notifier.deliver_due(now)
+            except LeaseLost as exc:
+                self._lost(exc)
         self._publish()
 
     def _publish(self) -> None:
         r = self._last
-        assert self.notifier is not None
+        role = None
+        if self.shared:
+            lead = self.leadership
+            role = LeaderRole(
+                copy=lead.name if lead else (self.config.serve.name or "unknown"),
+                leader=self.notifier is not None and bool(lead and lead.leads()),
+                term=(lead.seen.token if lead and lead.seen else 0),
+                acquisitions=lead.acquisitions if lead else 0)
         self.exporter.update(Snapshot(
             status=r.status if r else None,
             alerts=tuple(self.alerts),
-            counters=self.notifier.counters(self.clock()),
+            counters=self.notifier.counters(self.clock()) if self.notifier else None,
+            leadership=role,
             targets=tuple(r.targets) if r else (),
             evaluation_duration=r.duration if r else None,
             evaluated_at=r.status.get("at") if r else None,
@@ -467,8 +563,14 @@ class Server:
         where the evaluation reads."""
         if self.last_error:
             return False, self.last_error
-        return True, (f"ok: {self.evaluations} evaluations from {self.source}, "
-                      f"{len(self.alerts)} alerts firing")
+        text = (f"ok: {self.evaluations} evaluations from {self.source}, "
+                f"{len(self.alerts)} alerts firing")
+        if self.shared:
+            # A standby is healthy: it evaluates, and takes over when the leader goes.
+            role = (self.leadership.describe() if self.leadership is not None
+                    else f"standby: cannot reach the shared database: {self._lease_error}")
+            text += f"; {role}"
+        return True, text
 
     # --- lifecycle ----------------------------------------------------------------------
     async def start(self, scheduler: AsyncIOScheduler) -> None:
@@ -476,7 +578,12 @@ class Server:
         ``scheduler``."""
         if self.collector is not None:
             await self.collector.open()
-        self.notifier = Notifier(self.config, self.config.outbox_path(), clock=self.clock)
+        if self.shared:
+            # The first try before anything is scheduled: a copy that starts alone leads
+            # from its first evaluation.
+            await self.lease_once()
+        else:
+            self.notifier = Notifier(self.config, self.config.outbox_path(), clock=self.clock)
         self._publish()
         host, port = self.listen
         self._http = _http_server(host, port, self.exporter, self.healthy)
@@ -494,6 +601,11 @@ class Server:
         scheduler.add_job(self._deliver_job, "interval", seconds=DELIVERY_INTERVAL,
                           next_run_time=now + timedelta(seconds=DELIVERY_INTERVAL),
                           id="deliver", coalesce=True, max_instances=1)
+        if self.shared:
+            tick = min(1.0, self.config.serve.lease_duration / 3.0)
+            scheduler.add_job(self._lease_job, "interval", seconds=tick,
+                              next_run_time=now + timedelta(seconds=tick), id="lease",
+                              coalesce=True, max_instances=1)
 
     async def stop(self) -> None:
         """After the scheduler stopped: let work under way finish, then close everything."""
@@ -511,10 +623,25 @@ class Server:
         await asyncio.get_running_loop().run_in_executor(self._eval_thread,
                                                          self._evaluator.close)
         self._eval_thread.shutdown(wait=True)
-        if self.notifier is not None:
-            self.notifier.close()
+        self._drop_notifier()
+        if self.leadership is not None:
+            # Released after the last delivery: a standby takes over at its next tick
+            # instead of waiting for the lease to run out (a drained node, a rolling update).
+            lead = self.leadership
+            await asyncio.get_running_loop().run_in_executor(self._lease_thread, lead.release)
+            lead.close()
+        self._lease_thread.shutdown(wait=True)
         if self.collector is not None:
             await self.collector.close()
+
+    def _outbox_text(self) -> str:
+        if not self.shared:
+            return str(self.config.outbox_path())
+        from vigil.storage.database import redact_url as redact_db_url
+
+        role = self.leadership.describe() if self.leadership else "standby"
+        return (f"{redact_db_url(self.config.serve.database)} shared by every copy, "
+                f"lease {self.config.serve.lease_duration:g}s; {role}")
 
     def banner(self) -> str:
         """What runs where, printed at start."""
@@ -530,7 +657,7 @@ class Server:
             head,
             f"  evaluation every {cfg.engine.evaluation_interval:g}s from {self.source}, "
             f"window {cfg.engine.window:g}s",
-            f"  alerts: outbox {cfg.outbox_path()}, {len(cfg.alerts.routes)} routes"
+            f"  alerts: outbox {self._outbox_text()}, {len(cfg.alerts.routes)} routes"
             + "".join(f"\n    {r.name}: {r.format} -> {redact_url(r.url)} match {dict(r.match)}"
                       for r in cfg.alerts.routes),
             f"  metrics: http://{host}:{port}/metrics  health: http://{host}:{port}/healthz",

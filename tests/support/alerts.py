@@ -12,8 +12,8 @@ from alerts.model import Alert
 from support.loopback import LoopbackServer, Request, serve_http
 from vigil.config import Config, parse_config
 
-__all__ = ["T0", "Behaviour", "Receiver", "Request", "alert", "config", "ok", "receiver",
-           "route"]
+__all__ = ["T0", "Behaviour", "HoldFirstOfEach", "Receiver", "Request", "alert", "config", "ok",
+           "receiver", "route"]
 
 T0 = 1_795_000_000.0
 
@@ -23,6 +23,40 @@ Behaviour = Callable[[Request], tuple[int, bytes]]
 
 def ok(_: Request) -> tuple[int, bytes]:
     return 200, b"ok"
+
+
+class HoldFirstOfEach:
+    """A receiver's behaviour for killing a sender mid-delivery: while ``holding`` is set, the
+    first request of every idempotency key is held (read, then no answer until ``release``
+    is set or ``hold_s`` passes, and then never a 2xx: nobody was told it arrived); every
+    other request gets 200. ``held`` lists the held requests; ``held_one`` is set at the
+    first."""
+
+    def __init__(self, hold_s: float = 30.0) -> None:
+        self.hold_s = hold_s
+        self.holding = threading.Event()
+        self.holding.set()
+        self.release = threading.Event()
+        self.held: list[Request] = []
+        self.held_one = threading.Event()
+        self._lock = threading.Lock()
+        self._seen: set[str] = set()
+
+    def __call__(self, req: Request) -> tuple[int, bytes]:
+        with self._lock:
+            first = req.key not in self._seen
+            self._seen.add(req.key)
+        if first and self.holding.is_set():
+            self.held.append(req)
+            self.held_one.set()
+            self.release.wait(self.hold_s)  # the sender is dead by then: this goes nowhere
+            return 503, b"held"
+        return 200, b"ok"
+
+    def answer_from_now_on(self) -> None:
+        """Stop holding, and let go of what is held."""
+        self.holding.clear()
+        self.release.set()
 
 
 class Receiver:

@@ -42,6 +42,7 @@ from vigil.config.gateway import (
 from vigil.config.load import load_alert_table, load_config, parse_config
 from vigil.config.renamed import RENAMED_KEYS
 from vigil.config.root import Config
+from vigil.config.serve import ServeConfig
 
 __all__ = [
     "DEFAULT_PRICES",
@@ -64,6 +65,7 @@ __all__ = [
     "PoolConfig",
     "RulesConfig",
     "ScalingConfig",
+    "ServeConfig",
     "SloConfig",
     "SloDefaults",
     "StoreConfig",

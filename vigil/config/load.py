@@ -4,6 +4,7 @@ with errors that name the file and the dotted key."""
 from __future__ import annotations
 
 import logging
+import re
 import tomllib
 import warnings
 from pathlib import Path
@@ -84,6 +85,16 @@ def _check_references(cfg: Config) -> list[Problem]:
     route_names = [r.name for r in cfg.alerts.routes]
     for i in range(len(route_names)):
         problems += _duplicate(route_names, i, f"alerts.routes[{i}].name", "route name")
+    lease = cfg.serve.lease_duration
+    for i, r in enumerate(cfg.alerts.routes):
+        # The leader starts an attempt only while its lease outlasts the attempt's timeout
+        # (alerts.leadership): a longer timeout would never be sent.
+        if cfg.serve.database and r.timeout > lease / 2:
+            problems.append((f"alerts.routes[{i}].timeout",
+                             f"{r.timeout:g}s is more than half of [serve] lease_duration "
+                             f"({lease:g}s): copies sharing a database send an alert only "
+                             "while the leader's lease outlasts the request; shorten the "
+                             "timeout or lengthen the lease"))
     target_names = [t.name for t in cfg.targets]
     for i, t in enumerate(cfg.targets):
         problems += _duplicate(target_names, i, f"targets[{i}].name", "target name")
@@ -127,6 +138,16 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
+#: A URL's password (``scheme://user:PASSWORD@``) or a ``password=`` parameter.
+_URL_PASSWORD = re.compile(r"(://[^/@:\s'\"]*):[^@/\s'\"]*@|(\bpassword=)[^&\s'\"]*")
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` as an error may show it: passwords in URLs masked, since a secret
+    never appears in an error (even one the config should not have held)."""
+    return _URL_PASSWORD.sub(lambda m: f"{m[1]}:***@" if m[1] else f"{m[2]}***", repr(value))
+
+
 def parse_config(data: dict[str, Any], *, file: str = "<config>") -> Config:
     """Validate a parsed TOML document; raise ``ConfigError`` naming the file and key."""
     data = dict(data)
@@ -145,7 +166,7 @@ def parse_config(data: dict[str, Any], *, file: str = "<config>") -> Config:
                 if msg.startswith("Value error, "):
                     msg = msg[len("Value error, "):]
                 if "input" in err and err["type"] != "missing" and repr(err["input"]) not in msg:
-                    msg += f" (got {err['input']!r})"
+                    msg += f" (got {_shown(err['input'])})"
             problems.append((key, msg))
         raise _many(problems, file) from None
     problems = _check_references(cfg)

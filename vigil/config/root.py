@@ -33,6 +33,7 @@ from vigil.config.gateway import (
     GatewayConfig,
 )
 from vigil.config.renamed import _migrate_renamed
+from vigil.config.serve import ServeConfig
 from vigil.conventions import KIND_VLLM
 
 
@@ -57,6 +58,7 @@ class Config(Section):
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     dashboard: DashboardConfig = Field(default_factory=DashboardConfig)
+    serve: ServeConfig = ServeConfig()
     rules: RulesConfig = Field(default_factory=RulesConfig)
     capacity: CapacityConfig = Field(default_factory=CapacityConfig)
     #: Where the file was read from ("" when built in code); relative store paths resolve here.
@@ -123,6 +125,11 @@ class Config(Section):
         if not p.is_absolute() and self.source:
             p = Path(self.source).resolve().parent / p
         return p
+
+    def outbox_target(self) -> str | Path:
+        """Where the alert outbox lives: the ``[serve] database`` URL that several copies of
+        `vigil serve` share when set, else the SQLite file ``outbox_path()``."""
+        return self.serve.database or self.outbox_path()
 
     def gateway_database(self) -> str | Path:
         """Where the gateway keeps its shared state: the ``[gateway] database`` URL when set,
