@@ -339,9 +339,10 @@ def test_every_rule_is_unique_and_named_from_conventions(case: str) -> None:
             assert rule.record in fixed or any(re.fullmatch(p, rule.record) for p in patterns)
         else:
             assert rule.alert in {c.ALERT_ERROR_BUDGET_BURN, c.ALERT_ERROR_BUDGET_LOW,
-                                  c.ALERT_KV_CACHE_HIGH, c.ALERT_TARGET_DOWN}
+                                  c.ALERT_KV_CACHE_HIGH, c.ALERT_TARGET_DOWN, c.ALERT_WATCHDOG,
+                                  c.ALERT_EVALUATION_STALE}
     prefixes = (c.GROUP_SLO_SLI, c.GROUP_SLO_META, c.GROUP_SLO_PERIOD, c.GROUP_POOL,
-                c.GROUP_SLO_ALERTS, c.GROUP_POOL_ALERTS)
+                c.GROUP_SLO_ALERTS, c.GROUP_POOL_ALERTS, c.GROUP_META_ALERTS)
     groups = [*result.recording_groups, *result.alert_groups]
     assert all(g.name.startswith(prefixes) for g in groups)
     assert len({g.name for g in groups}) == len(groups)
@@ -409,7 +410,9 @@ def test_promtool_document_reads_both_rule_files() -> None:
     doc = result.tests
     assert doc["rule_files"] == ["vigil-slo-rules.yml", "vigil-alert-rules.yml"]
     assert doc["evaluation_interval"] == "15s"
-    assert [t["name"] for t in doc["tests"]] == ["pool chat", "pool batch"]
+    assert [t["name"] for t in doc["tests"]] == [
+        "pool chat", "pool batch", "one copy of vigil serve stuck, another live",
+        "every copy of vigil serve stuck"]
     chat = doc["tests"][0]
     recorded = [r for r in result.rules() if r.record and r.origin.pool == "chat"]
     assert len(chat["promql_expr_test"]) == len(recorded)

@@ -268,6 +268,10 @@ class Engine:
     def fires(self, rule: Rule, at: float) -> set[str]:
         """The instances (``""`` for an SLO alert) for which the alert's condition holds."""
         o = rule.origin
+        if o.kind == "watchdog":
+            return {""}  # always
+        if o.kind == "evaluation_stale":
+            return set()  # no vigil serve in this history: nothing to be stale
         if o.slo:
             spec = _spec(o.slo)
             report = self.report(spec, at)
@@ -341,6 +345,7 @@ def test_the_config_exercises_every_rule_kind() -> None:
         "sli_error", "objective", "error_budget", "time_period_days", "current_burn_rate",
         "period_burn_rate", "period_budget_remaining", "quantile", "kv_avg", "kv_max", "queue",
         "gpu_cost", "gpu_cost_per_1000", "burn_alert", "budget_low", "kv_high", "target_down",
+        "watchdog", "evaluation_stale",
     }
     assert [name for name, _ in RESULT.validated.skipped] == ["chat-completions-ttft"]
     assert len(DATA.times_s) >= 7

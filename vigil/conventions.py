@@ -107,6 +107,9 @@ LABEL_SLO = "slo"
 ALERT_LABELS = (LABEL_ALERTNAME, LABEL_SEVERITY, LABEL_POOL, LABEL_MODEL, LABEL_SLO)
 SEVERITY_PAGE = "page"
 SEVERITY_TICKET = "ticket"
+#: The watchdog's severity (kube-prometheus's convention): routed to a dead-man's switch,
+#: never to a person.
+SEVERITY_NONE = "none"
 #: Annotations: a one-line summary, a description with the values, a dashboard link.
 ANNOTATION_SUMMARY = "summary"
 ANNOTATION_DESCRIPTION = "description"
@@ -167,6 +170,9 @@ ALERT_ERROR_BUDGET_BURN = "ErrorBudgetBurn"
 ALERT_ERROR_BUDGET_LOW = "ErrorBudgetLow"
 ALERT_KV_CACHE_HIGH = "KvCacheUsageHigh"
 ALERT_TARGET_DOWN = "TargetDown"
+#: The dead-man's switch: always firing, and `vigil serve`'s evaluations stopped everywhere.
+ALERT_WATCHDOG = "VigilWatchdog"
+ALERT_EVALUATION_STALE = "VigilEvaluationStale"
 #: Rule group names: ``<prefix>-<slo or pool name>``.
 GROUP_SLO_SLI = "vigil-slo-sli"
 GROUP_SLO_META = "vigil-slo-meta"
@@ -174,6 +180,7 @@ GROUP_SLO_PERIOD = "vigil-slo-period"
 GROUP_POOL = "vigil-pool"
 GROUP_SLO_ALERTS = "vigil-slo-alerts"
 GROUP_POOL_ALERTS = "vigil-pool-alerts"
+GROUP_META_ALERTS = "vigil-meta-alerts"
 #: Files `vigil rules prometheus --out DIR` and `vigil rules keda --out DIR` write.
 FILE_SLO_RULES = "vigil-slo-rules.yml"
 FILE_ALERT_RULES = "vigil-alert-rules.yml"

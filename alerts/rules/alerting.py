@@ -38,6 +38,18 @@ failed. When the pool also has ``[[targets]]``, it keeps the one rule on the who
 which covers the discovered replicas too, at the longest interval of the targets and the
 entries (the same rule as without discovery when they all share one).
 
+For Vigil itself (group ``vigil-meta-alerts``), the dead-man's switch:
+
+* ``VigilWatchdog`` (``severity: none``): always firing (``vector(1)``). Routed in
+  Alertmanager to a heartbeat receiver that pages when it *stops* arriving, it proves the
+  whole path (Prometheus, its rules, Alertmanager, the route) works;
+* ``VigilEvaluationStale`` (``page``): the newest ``vigil_last_evaluation_timestamp_seconds``
+  of every `vigil serve` copy Prometheus scrapes is older than ``STALE_EVALUATIONS``
+  evaluation intervals (at least ``MIN_STALE_S``): every copy is stuck at once, so nothing
+  evaluates or delivers Vigil's own alerts. ``max`` over the copies: one stuck copy of
+  several is not a page, since another still evaluates (its ``/healthz`` says so). A copy
+  that is not scraped at all shows in Prometheus's ``up``, not here.
+
 Every alert carries ``severity``, ``pool`` and the ``model`` label of Vigil's own alerts from
 its ``labels:``; the other series labels (``slo``, ``model_name``, the replica's ``instance``
 or ``replica_label``, a selector's series' own labels) come from the expression.
@@ -71,11 +83,14 @@ from vigil.config import BurnRateAlert, Config, PoolConfig, TargetConfig
 from vigil.conventions import (
     ALERT_ERROR_BUDGET_BURN,
     ALERT_ERROR_BUDGET_LOW,
+    ALERT_EVALUATION_STALE,
     ALERT_KV_CACHE_HIGH,
     ALERT_TARGET_DOWN,
+    ALERT_WATCHDOG,
     ANNOTATION_DASHBOARD_URL,
     ANNOTATION_DESCRIPTION,
     ANNOTATION_SUMMARY,
+    GROUP_META_ALERTS,
     GROUP_POOL_ALERTS,
     GROUP_SLO_ALERTS,
     KIND_DCGM,
@@ -85,8 +100,11 @@ from vigil.conventions import (
     LABEL_POOL,
     LABEL_SEVERITY,
     LABEL_SLO,
+    METRIC_LAST_EVALUATION,
     RULE_PERIOD_BUDGET_REMAINING,
     SERIES_UP,
+    SEVERITY_NONE,
+    SEVERITY_PAGE,
     SEVERITY_TICKET,
 )
 from vigil.selectors import Selector
@@ -321,9 +339,59 @@ def _pool_alerts(config: Config, pool: PoolConfig, options: RulesOptions) -> tup
     return (kv, *_target_down(config, pool))
 
 
+#: ``VigilEvaluationStale``: this many evaluation intervals without a new evaluation...
+STALE_EVALUATIONS = 4
+#: ...and never less than this (seconds): Prometheus's scrape of serve and the rule
+#: interval add their own delay to what it sees.
+MIN_STALE_S = 120.0
+
+
+def stale_after(config: Config) -> float:
+    """Seconds without a new evaluation before ``VigilEvaluationStale`` counts it stuck."""
+    return max(STALE_EVALUATIONS * config.engine.evaluation_interval, MIN_STALE_S)
+
+
+def meta_alerts(config: Config, options: RulesOptions) -> tuple[Rule, ...]:
+    """The dead-man's switch (see the module docstring)."""
+    stale = stale_after(config)
+    watchdog = Rule(
+        alert=ALERT_WATCHDOG,
+        expr="vector(1)",
+        labels={LABEL_SEVERITY: SEVERITY_NONE},
+        annotations={
+            ANNOTATION_SUMMARY: "Always firing: Vigil's alerting pipeline is alive",
+            ANNOTATION_DESCRIPTION: (
+                "Route this alert to a dead-man's switch (a heartbeat receiver that pages "
+                "when it stops arriving): its silence means Prometheus, its rules or "
+                "Alertmanager stopped, and no other alert could reach anyone."
+            ),
+        },
+        origin=Origin("watchdog"),
+    )
+    stuck = Rule(
+        alert=ALERT_EVALUATION_STALE,
+        expr=f"time() - max({METRIC_LAST_EVALUATION}) > {number(stale)}",
+        for_s=2 * options.interval_s,
+        labels={LABEL_SEVERITY: SEVERITY_PAGE},
+        annotations={
+            ANNOTATION_SUMMARY: "vigil serve has not evaluated the SLOs for over "
+                                f"{prom_duration(stale)}",
+            ANNOTATION_DESCRIPTION: (
+                "No copy of vigil serve finished an evaluation for more than "
+                f"{prom_duration(stale)} (every {prom_duration(config.engine.evaluation_interval)}"
+                " expected): none of Vigil's own alerts is evaluated or delivered. Check each "
+                "copy's /healthz and log."
+            ),
+            ANNOTATION_DASHBOARD_URL: config.alerts.dashboard_url,
+        },
+        origin=Origin("evaluation_stale", window_s=stale),
+    )
+    return (watchdog, stuck)
+
+
 def alert_rules(specs: Sequence[SloSpec], config: Config,
                 options: RulesOptions) -> list[RuleGroup]:
-    """The alert groups: one per SLO, then one per pool."""
+    """The alert groups: one per SLO, one per pool, then the dead-man's switch."""
     groups = [
         RuleGroup(f"{GROUP_SLO_ALERTS}-{spec.name}", options.interval_s, _slo_alerts(spec, config))
         for spec in specs
@@ -333,4 +401,5 @@ def alert_rules(specs: Sequence[SloSpec], config: Config,
                   _pool_alerts(config, pool, options))
         for pool in config.pools
     ]
+    groups.append(RuleGroup(GROUP_META_ALERTS, options.interval_s, meta_alerts(config, options)))
     return groups

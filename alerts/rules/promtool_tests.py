@@ -45,7 +45,7 @@ from typing import Any
 
 from alerts.rules.engine_value import engine_value
 from alerts.rules.model import Rule, RuleGroup, prom_duration
-from alerts.rules.promql import le_label, promql_string
+from alerts.rules.promql import le_label, number, promql_string
 from slo.objectives.burn_rate import evaluate_slo
 from slo.objectives.spec import SloSpec
 from slo.promql.aggregate import instant_vector, sum_by
@@ -59,6 +59,7 @@ from vigil.conventions import (
     FILE_ALERT_RULES,
     FILE_SLO_RULES,
     FINISHED_REASON_ERROR,
+    GROUP_META_ALERTS,
     HTTP_METHOD_POST,
     KIND_VLLM,
     LABEL_FINISHED_REASON,
@@ -70,6 +71,7 @@ from vigil.conventions import (
     LABEL_MODEL_NAME,
     LABEL_POOL,
     LABEL_SLO,
+    METRIC_LAST_EVALUATION,
     SERIES_UP,
     SUFFIX_BUCKET,
     VLLM_E2E,
@@ -640,15 +642,50 @@ def _pool_test(config: Config, pool: PoolConfig, specs: Sequence[SloSpec],
     }
 
 
+#: The ``instance`` of the `vigil serve` copies in the dead-man's switch tests.
+_SERVE_COPIES = ("vigil-serve-0", "vigil-serve-1")
+
+
+def _meta_tests(alerting: Sequence[RuleGroup], at_s: float) -> list[dict[str, Any]]:
+    """The dead-man's switch, twice: one copy of `vigil serve` stuck beside a live one (no
+    page: the live one evaluates), and every copy stuck (a page). The watchdog fires in
+    both. A live copy's last evaluation time follows the clock (its value is the sample's
+    time); a stuck one's stopped at 0."""
+    rules = [r for g in alerting if g.name == GROUP_META_ALERTS for r in g.rules]
+    live = f"0+{number(INPUT_INTERVAL_S)}x{INPUT_STEPS - 1}"
+    stuck = f"0+0x{INPUT_STEPS - 1}"
+    cases = (("one copy of vigil serve stuck, another live", (live, stuck), False),
+             ("every copy of vigil serve stuck", (stuck, stuck), True))
+    out = []
+    for name, values, pages in cases:
+        alert_tests = []
+        for rule in rules:
+            fires = rule.origin.kind == "watchdog" or pages
+            alert_tests.append({
+                "eval_time": prom_duration(at_s), "alertname": rule.alert,
+                "exp_alerts": [{"exp_labels": dict(sorted(rule.labels.items())),
+                                "exp_annotations": dict(rule.annotations)}] if fires else [],
+            })
+        out.append({
+            "name": name,
+            "interval": prom_duration(INPUT_INTERVAL_S),
+            "input_series": [
+                {"series": _series_text(METRIC_LAST_EVALUATION, {LABEL_INSTANCE: copy}),
+                 "values": v} for copy, v in zip(_SERVE_COPIES, values, strict=True)],
+            "alert_rule_test": alert_tests,
+        })
+    return out
+
+
 def promtool_test_document(config: Config, specs: Sequence[SloSpec],
                            recording: Sequence[RuleGroup], alerting: Sequence[RuleGroup],
                            interval_s: float) -> dict[str, Any]:
-    """The ``promtool test rules`` file: one test group per pool, reading the two rule files
-    from its own folder."""
+    """The ``promtool test rules`` file: one test group per pool, then the dead-man's
+    switch, reading the two rule files from its own folder."""
     at_s = eval_time_for(interval_s)
     return {
         "rule_files": [FILE_SLO_RULES, FILE_ALERT_RULES],
         "evaluation_interval": prom_duration(interval_s),
-        "tests": [_pool_test(config, pool, specs, recording, alerting, at_s)
-                  for pool in config.pools],
+        "tests": [*(_pool_test(config, pool, specs, recording, alerting, at_s)
+                    for pool in config.pools), *_meta_tests(alerting, at_s)],
     }
