@@ -21,6 +21,8 @@ sidecar|grafana-operator] [--namespace NS] [--label K=V ...] [--folder NAME]
 [--instance-selector K=V ...]`` writes ``DIR/vigil-slo-overview.json``, ``vigil-slo-detail.json``,
 ``vigil-fleet.json`` and ``vigil-cost.json`` (or prints them as one JSON list), or with
 ``--format operator`` ``DIR/vigil-grafana-dashboards.yml`` (``alerts.rules.grafana``).
+``vigil rules helm --values FILE [--chart DIR] [--out FILE]`` writes the Helm chart's
+generated-objects overlay (``vigil_shell.rules_helm_cli``).
 Notes (SLOs skipped, triggers left out) go to stderr; errors are ``VigilError``s (exit 2 for a
 bad config).
 """
@@ -45,6 +47,7 @@ from vigil.conventions import (
     OPERATOR_PORT,
 )
 from vigil.errors import ConfigError
+from vigil_shell import rules_helm_cli
 
 if TYPE_CHECKING:
     from alerts.rules.operator import OperatorOptions
@@ -132,6 +135,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--instance-selector", action="append", default=None, metavar="KEY=VALUE",
                    help="matchLabels of the Grafana instances a GrafanaDashboard is for "
                         "(repeatable; default: dashboards=grafana)")
+    p = sub.add_parser(
+        "helm",
+        help="the Helm chart's generated objects as a values overlay",
+        description="The PrometheusRules, PodMonitors, Grafana dashboard ConfigMaps and KEDA "
+                    "ScaledObjects that the Helm chart's values enable, from their config tree "
+                    "and by the generators of the other `vigil rules` commands, as a values "
+                    "file to add after yours: helm install vigil deploy/helm/vigil -f "
+                    "my-values.yaml -f generated-values.yaml.",
+    )
+    rules_helm_cli.add_arguments(p)
 
 
 def _operator_arguments(g: argparse._ArgumentGroup) -> None:
@@ -257,7 +270,7 @@ def _grafana(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def run(args: argparse.Namespace, *, out: TextIO | None = None,
         err: TextIO | None = None) -> int:
-    """Run ``vigil rules <prometheus|keda|grafana>``; returns the exit code."""
+    """Run ``vigil rules <prometheus|keda|grafana|helm>``; returns the exit code."""
     stdout = out if out is not None else sys.stdout
     stderr = err if err is not None else sys.stderr
     if args.rules_command == "prometheus":
@@ -266,4 +279,6 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None,
         return _keda(args, stdout, stderr)
     if args.rules_command == "grafana":
         return _grafana(args, stdout, stderr)
+    if args.rules_command == "helm":
+        return rules_helm_cli.run(args, stdout, stderr)
     raise ValueError(f"unknown rules subcommand {args.rules_command!r}")  # argparse prevents it
