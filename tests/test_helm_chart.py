@@ -23,7 +23,6 @@ import copy
 import functools
 import importlib.util
 import json
-import re
 import tomllib
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,6 +34,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from support.crd import python_patterns, unknown_fields
 
 from alerts.rules.helm_values import (
     GENERATOR_INPUTS,
@@ -182,25 +182,10 @@ def test_helm_lint(case: str) -> None:
         assert report["errors"] == []
 
 
-def _python_patterns(schema: Any) -> Any:
-    """The schema with Go's mid-pattern flags (``^(?i)...``), which Python's ``re`` takes
-    only at the start, moved there."""
-    if isinstance(schema, dict):
-        out = {k: _python_patterns(v) for k, v in schema.items()}
-        pattern = schema.get("pattern")
-        if isinstance(pattern, str):
-            flags = "".join(re.findall(r"\(\?[a-z]+\)", pattern))
-            out["pattern"] = flags + re.sub(r"\(\?[a-z]+\)", "", pattern)
-        return out
-    if isinstance(schema, list):
-        return [_python_patterns(v) for v in schema]
-    return schema
-
-
 def _crd_schema(name: str, version: str) -> dict[str, Any]:
     crd = yaml.safe_load((FIXTURES / name).read_text())
     (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
-    schema: dict[str, Any] = _python_patterns(served["schema"]["openAPIV3Schema"])
+    schema: dict[str, Any] = python_patterns(served["schema"]["openAPIV3Schema"])
     return schema
 
 
@@ -212,32 +197,12 @@ CRD_SCHEMAS = {
 }
 
 
-def _unknown_fields(obj: Any, schema: Mapping[str, Any], path: str = "") -> list[str]:
-    """Fields a structural schema does not declare: what the API server's strict field
-    validation refuses and jsonschema lets through (no additionalProperties in CRDs)."""
-    out: list[str] = []
-    if isinstance(obj, dict) and not schema.get("x-kubernetes-preserve-unknown-fields"):
-        props = schema.get("properties")
-        extra = schema.get("additionalProperties")
-        for key, value in obj.items():
-            if props is not None and key in props:
-                out += _unknown_fields(value, props[key], f"{path}.{key}")
-            elif isinstance(extra, dict):
-                out += _unknown_fields(value, extra, f"{path}.{key}")
-            elif path != ".metadata":
-                out.append(f"{path}.{key}")
-    elif isinstance(obj, list) and "items" in schema:
-        for i, item in enumerate(obj):
-            out += _unknown_fields(item, schema["items"], f"{path}[{i}]")
-    return out
-
-
 def _check_object(obj: dict[str, Any]) -> None:
     where = f"{obj['kind']} {obj['metadata']['name']}"
     if obj["kind"] in CRD_KINDS:
         schema = CRD_SCHEMAS[obj["kind"]]
         jsonschema.validate(obj, schema)
-        assert _unknown_fields(obj, schema) == [], where
+        assert unknown_fields(obj, schema) == [], where
         return
     for version in KUBE_VERSIONS:
         kubernetes_validate.validate(obj, version, strict=True)
@@ -279,7 +244,7 @@ def test_the_validators_refuse_what_the_api_server_refuses() -> None:
     rule = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
             "metadata": {"name": "x"}, "spec": {"groups": [{"name": "g", "rules": [],
                                                             "intervall": "30s"}]}}
-    assert _unknown_fields(rule, CRD_SCHEMAS["PrometheusRule"]) == [".spec.groups[0].intervall"]
+    assert unknown_fields(rule, CRD_SCHEMAS["PrometheusRule"]) == [".spec.groups[0].intervall"]
 
 
 def test_crd_objects_render_only_where_the_cluster_has_them(chart: helm_python.Chart) -> None:

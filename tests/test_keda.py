@@ -20,6 +20,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from support.crd import unknown_fields
 
 from alerts.rules.keda import (
     DEFAULT_PROMETHEUS_URL,
@@ -55,26 +56,6 @@ def _config(**extra: Any) -> Config:
     })
 
 
-def _unknown_fields(obj: Any, schema: dict[str, Any], path: str = "") -> list[str]:
-    """Fields of ``obj`` that the structural schema does not declare (Kubernetes would prune
-    them, or refuse them under strict field validation)."""
-    out: list[str] = []
-    if isinstance(obj, dict):
-        props = schema.get("properties")
-        extra = schema.get("additionalProperties")
-        for key, value in obj.items():
-            if props is not None and key in props:
-                out += _unknown_fields(value, props[key], f"{path}.{key}")
-            elif isinstance(extra, dict):
-                out += _unknown_fields(value, extra, f"{path}.{key}")
-            elif not schema.get("x-kubernetes-preserve-unknown-fields") and path != ".metadata":
-                out.append(f"{path}.{key}")
-    elif isinstance(obj, list) and "items" in schema:
-        for i, item in enumerate(obj):
-            out += _unknown_fields(item, schema["items"], f"{path}[{i}]")
-    return out
-
-
 def _cel_min_le_max(spec: dict[str, Any]) -> bool:
     """``!has(self.minReplicaCount) || self.minReplicaCount <= (has(self.maxReplicaCount) ?
     self.maxReplicaCount : 100)``."""
@@ -85,7 +66,7 @@ def _cel_min_le_max(spec: dict[str, Any]) -> bool:
 
 def _check(obj: dict[str, Any]) -> None:
     jsonschema.validate(obj, SCHEMA)
-    assert _unknown_fields(obj, SCHEMA) == []
+    assert unknown_fields(obj, SCHEMA) == []
     assert _cel_min_le_max(obj["spec"])
     assert obj["apiVersion"] == f"{CRD['spec']['group']}/{VERSION['name']}"
     assert obj["kind"] == CRD["spec"]["names"]["kind"]
@@ -118,7 +99,7 @@ def test_the_schema_check_is_not_vacuous() -> None:
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, SCHEMA)
     typo = {**obj, "spec": {**obj["spec"], "cooldownPeriode": 3}}
-    assert _unknown_fields(typo, SCHEMA) == [".spec.cooldownPeriode"]
+    assert unknown_fields(typo, SCHEMA) == [".spec.cooldownPeriode"]
     swapped = {**obj["spec"], "minReplicaCount": 9, "maxReplicaCount": 2}
     assert not _cel_min_le_max(swapped)
 

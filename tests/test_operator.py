@@ -26,6 +26,7 @@ import jsonschema
 import pytest
 import yaml
 from conftest import require_binary
+from support.crd import python_patterns
 from support.loopback import FIXTURES, exposition_server, text
 from support.prometheus import APT_PACKAGE, PrometheusServer, require_prometheus, start_prometheus
 
@@ -49,26 +50,11 @@ GOLDEN = Path(__file__).resolve().parent / "golden" / "rules"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-def _python_patterns(schema: Any) -> Any:
-    """``schema`` with its ``pattern``s in Python's syntax: Go's RE2 takes a flag group such as
-    ``(?i)`` anywhere (``^(?i)(abort|warn)?$``), Python only at the start."""
-    if isinstance(schema, dict):
-        out = {k: _python_patterns(v) for k, v in schema.items()}
-        pattern = schema.get("pattern")
-        if isinstance(pattern, str):
-            flags = "".join(re.findall(r"\(\?[a-z]+\)", pattern))
-            out["pattern"] = flags + re.sub(r"\(\?[a-z]+\)", "", pattern)
-        return out
-    if isinstance(schema, list):
-        return [_python_patterns(v) for v in schema]
-    return schema
-
-
 def _schema(plural: str) -> tuple[dict[str, Any], dict[str, Any]]:
     crd = yaml.safe_load(
         (FIXTURES / f"prometheus_operator_monitoring.coreos.com_{plural}.yaml").read_text())
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
-    return crd, _python_patterns(version["schema"]["openAPIV3Schema"])
+    return crd, python_patterns(version["schema"]["openAPIV3Schema"])
 
 
 CRDS = {kind: _schema(plural) for kind, plural in (
