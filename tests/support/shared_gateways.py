@@ -30,7 +30,7 @@ from support.gateway import KEYS, MODEL, POOL, STANDARD
 from support.loopback import free_port
 from vigil.storage.database import is_postgres_url
 
-__all__ = ["GatewayProcess", "running_gateways", "toml_value", "write_config"]
+__all__ = ["GatewayProcess", "running_gateways", "start_gateway", "toml_value", "write_config"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -168,10 +168,12 @@ class GatewayProcess:
         return int(self.proc.returncode)
 
 
-def _start(config: Path, name: str) -> GatewayProcess:
+def start_gateway(config: Path, name: str, *, code: Path = REPO) -> GatewayProcess:
+    """One gateway process from ``config`` on a free port, running the Vigil in ``code`` (this
+    repository, or another release's tree: its packages come first on the path)."""
     port = free_port()
     log_path = config.parent / f"gateway-{name}.log"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": str(code), "PYTHONUNBUFFERED": "1"}
     with log_path.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "vigil_shell.cli", "gateway", "--config",
                                  str(config), "--listen", f"127.0.0.1:{port}"],
@@ -185,7 +187,7 @@ def _start(config: Path, name: str) -> GatewayProcess:
 def running_gateways(config: Path, n: int = 2) -> Iterator[list[GatewayProcess]]:
     """Start ``n`` gateway processes from ``config`` (named ``a``, ``b``, ...) together, wait
     until each serves, and stop them all (SIGTERM) when the block ends."""
-    gateways = [_start(config, chr(ord("a") + i)) for i in range(n)]
+    gateways = [start_gateway(config, chr(ord("a") + i)) for i in range(n)]
     try:
         with ThreadPoolExecutor(n) as pool:
             list(pool.map(GatewayProcess.wait_serving, gateways))
