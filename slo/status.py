@@ -234,4 +234,10 @@ def evaluate(
         "slos": slos,
         "anomalies": anomalies,
     })
+    # What the server said beside its answers (a Thanos store that did not answer, a result
+    # cut by a limit): the figures above may come from part of the data. Absent when none.
+    take_warnings = getattr(source, "take_warnings", None)
+    warnings = take_warnings() if callable(take_warnings) else []
+    if warnings:
+        status["warnings"] = list(warnings)
     return status

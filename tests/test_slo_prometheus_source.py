@@ -445,7 +445,8 @@ def test_server_errors_and_foreign_answers(fake_server: tuple[str, dict[str, Any
         with pytest.raises(SourceError, match=r"HTTP 503 \(timeout\): query timed out"):
             source.avg_over_time("up", {}, 1e9, 3600)
         state["answer"] = (200, "text/html", b"<html>Grafana</html>")
-        with pytest.raises(SourceError, match="not a Prometheus API answer"):
+        with pytest.raises(SourceError, match=r"an HTML page \(text/html\) where Prometheus.s "
+                                              "JSON API was expected"):
             source.instant("up", {}, 1e9)
         state["answer"] = (200, "application/json", b'{"status": "success", "data": {}}')
         with pytest.raises(SourceError, match="not a Prometheus API answer"):

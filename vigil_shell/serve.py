@@ -256,7 +256,9 @@ class _PrometheusEvaluator:
         # One slow query must not hold the evaluation for much longer than its interval.
         self.source = PrometheusSource(url, semantics="3" if sem == "auto" else sem,
                                        lookback_s=config.engine.lookback,
-                                       timeout_s=min(30.0, max(1.0, interval)))
+                                       timeout_s=min(config.engine.http.timeout,
+                                                     max(1.0, interval)),
+                                       http=config.engine.http, base_dir=config.config_dir())
         self._follow_server = sem == "auto"
 
     def describe(self) -> str:
@@ -565,6 +567,10 @@ class Server:
             return False, self.last_error
         text = (f"ok: {self.evaluations} evaluations from {self.source}, "
                 f"{len(self.alerts)} alerts firing")
+        warned = (self._last.status.get("warnings") if self._last is not None else None)
+        if warned:
+            # Still 200: the evaluation ran, but on what the server could give.
+            text += "; the server warned: " + "; ".join(warned)
         if self.shared:
             # A standby is healthy: it evaluates, and takes over when the leader goes.
             role = (self.leadership.describe() if self.leadership is not None

@@ -189,7 +189,10 @@ def format_table(result: dict[str, Any]) -> str:
     line per SLO; every line at most ``TABLE_WIDTH`` columns, ``–`` for null."""
     at = datetime.fromtimestamp(result["at"], UTC).strftime("%Y-%m-%d %H:%M:%SZ")
     lines = [_fit(f"vigil slo status at {at}  ({result.get('source')}, PromQL "
-                  f"{result.get('promql_semantics')}, window {result.get('window')})"), ""]
+                  f"{result.get('promql_semantics')}, window {result.get('window')})")]
+    # The server's warnings first: every figure below may come from part of the data.
+    lines += [f"WARNING from the server: {w}" for w in result.get("warnings") or []]
+    lines.append("")
     for name, pool in (result.get("pools") or {}).items():
         lines += _pool_lines(name, pool)
         lines.append("")

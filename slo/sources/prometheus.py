@@ -40,8 +40,16 @@ It is reported in the status JSON and used for what the SLO engine computes clie
 these answers (the ``avg`` across replicas), so set it to match the server ("2" for 2.x up to
 2.42, "3" for 3.x).
 
+How requests are sent (headers, credentials, TLS, proxy, the Thanos querier's ``dedup`` and
+``partial_response``) is ``[engine.http]`` (``slo.sources.http_client``). The API's
+``warnings`` (a Thanos store that did not answer, a result cut by a limit) are collected from
+every answer and handed out by ``take_warnings``: a budget computed from partial data says so.
+
 Errors (connection refused, timeouts, HTTP errors with Prometheus's own message, answers that
-are not Prometheus's JSON) raise ``SourceError`` naming the URL and the query.
+are not Prometheus's JSON) raise ``SourceError`` naming the URL and the query, and say what a
+person can do: a refused credential names the credential sent (never its value), a missing
+tenant header, an unknown certificate authority, a 429 or 503 with its ``Retry-After``, an
+HTML page where JSON was expected, a query past the server's sample or series limit.
 """
 
 from __future__ import annotations
@@ -49,10 +57,14 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import logging
 import math
 import re
+import threading
+import warnings
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -69,7 +81,9 @@ from slo.promql.tracks import Grid, Track
 # One definition of the (le, count) regrouping for both sources: the same `le` parsing and
 # the same skipping of a malformed `le` (histogram_quantile's rule).
 from slo.sources.embedded import _le_groups, _le_track_groups
+from slo.sources.http_client import build_session, describe, mount_tls, thanos_params
 from slo.sources.protocol import BucketTracks, LeChoice, Matchers, Tracks
+from vigil.config import HttpClientConfig
 from vigil.conventions import LABEL_LE, SOURCE_PROMETHEUS, SUFFIX_BUCKET
 from vigil.errors import SourceError
 from vigil.model import Labels, Point, labels_of
@@ -83,6 +97,8 @@ __all__ = [
     "promql_string",
     "selector",
 ]
+
+log = logging.getLogger("vigil.sources.prometheus")
 
 _NAME = "__name__"
 #: The most points one series of a range query may have: Prometheus refuses more
@@ -100,6 +116,8 @@ _KEYWORDS = frozenset({
     "limitk", "limit_ratio", "smoothed", "anchored",
 })
 #: The ``error`` of Prometheus's JSON error body, as prometheus_api_client embeds it.
+#: The title of an HTML page answered in place of JSON (a proxy's login or error page).
+_TITLE_RE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
 _STATUS_RE = re.compile(r"HTTP Status Code (\d+) \((b(['\"]).*\3)\)", re.DOTALL)
 
 
@@ -165,8 +183,10 @@ class PrometheusSource:
 
     ``semantics``: the PromQL rules the *server* follows (reported, and used for client-side
     means; see the module docstring); ``lookback_s``: instant-selector lookback, seconds;
-    ``timeout_s``: per-request HTTP timeout, seconds. Not retried: a failure is reported at
-    once (the caller, e.g. ``vigil serve``, evaluates again on its next tick).
+    ``timeout_s``: per-request HTTP timeout, seconds (default ``http.timeout``); ``http``: how
+    requests authenticate (``[engine.http]``), its relative files relative to ``base_dir``.
+    Not retried: a failure is reported at once (the caller, e.g. ``vigil serve``, evaluates
+    again on its next tick).
     """
 
     #: What ``slo.status`` reports as ``"source"``.
@@ -177,8 +197,11 @@ class PrometheusSource:
 
     def __init__(
         self, url: str, *, semantics: SemanticsLike = "3", lookback_s: float = 300.0,
-        timeout_s: float = 30.0,
+        timeout_s: float | None = None, http: HttpClientConfig | None = None,
+        base_dir: Path | None = None,
     ) -> None:
+        http = http or HttpClientConfig()
+        timeout_s = http.timeout if timeout_s is None else timeout_s
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"the Prometheus URL must start with http:// or https://: {url!r}")
         if lookback_s <= 0 or not math.isfinite(lookback_s):
@@ -189,19 +212,53 @@ class PrometheusSource:
         self.semantics: Semantics = semantics_of(semantics)
         self.lookback_s = float(lookback_s)
         self.timeout_s = float(timeout_s)
-        session = requests.Session()
-        # Like the collector's scraper: no proxy (or CA bundle) from the environment.
-        session.trust_env = False
+        self.http = http
+        self._base_dir = base_dir
+        self._params = thanos_params(http)
+        session = build_session(http, self.url, base_dir=base_dir)
+        # prometheus_api_client keeps only an answer's `data.result`: the API's `warnings`
+        # and a refused answer's headers are read here, from every response it receives.
+        session.hooks["response"].append(self._observe)
         self._session = session
-        self._client = PrometheusConnect(
-            url=self.url,
-            session=session,
-            timeout=self.timeout_s,
-            # The library's default retries 3 times with backoff on 5xx and refused
-            # connections: seconds of waiting before a dead server is reported. read=False:
-            # urllib3 re-raises a read timeout as such (not as "max retries exceeded").
-            retry=Retry(total=0, read=False, raise_on_status=False),
-        )
+        self._seen = threading.local()
+        self._warnings: list[str] = []
+        # The library's default retries 3 times with backoff on 5xx and refused
+        # connections: seconds of waiting before a dead server is reported. read=False:
+        # urllib3 re-raises a read timeout as such (not as "max retries exceeded").
+        retry = Retry(total=0, read=False, raise_on_status=False)
+        self._client = PrometheusConnect(url=self.url, session=session,
+                                         timeout=self.timeout_s, retry=retry)
+        mount_tls(session, http, self.url, max_retries=retry)
+        if http.tls.insecure_skip_verify and self.url.startswith("https://"):
+            # Said once here; urllib3 would otherwise warn at every request.
+            log.warning("%s: TLS certificates are not checked ([engine.http.tls] "
+                        "insecure_skip_verify): anyone on the path can read and change the "
+                        "answers", self.url)
+
+    def _observe(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
+        """Every answer: keep a refused one's facts for the message, collect warnings."""
+        self._seen.response = response
+        if response.status_code != 200:
+            return
+        # Prometheus writes `warnings` after `data`: parse again only when they are there.
+        if b'"warnings"' in response.content or b'"infos"' in response.content:
+            try:
+                body = response.json()
+            except ValueError:
+                return
+            for w in (body.get("warnings") or []) + (body.get("infos") or []):
+                if isinstance(w, str) and w not in self._warnings:
+                    self._warnings.append(w)
+
+    def take_warnings(self) -> list[str]:
+        """The API's warnings since the last call (a partial answer, a truncated result),
+        each once; cleared."""
+        out, self._warnings = self._warnings, []
+        return out
+
+    def credential(self) -> str:
+        """Which credential the requests carry, never its value (``http_client.describe``)."""
+        return describe(self.http, self._base_dir)
 
     def server_semantics(self) -> Semantics | None:
         """The PromQL rules the server itself follows, from its major version
@@ -240,6 +297,7 @@ class PrometheusSource:
         params = {
             "time": format_eval_time(at_s),
             "lookback_delta": format_duration_ms(self.lookback_s),
+            **self._params,
         }
         return self._ask(expr, lambda: self._client.custom_query(expr, params=params))
 
@@ -256,6 +314,7 @@ class PrometheusSource:
                 "start": format_eval_time(part.start_ms / 1000),
                 "end": format_eval_time(part.end_ms / 1000),
                 "lookback_delta": format_duration_ms(self.lookback_s),
+                **self._params,
             }
             # The library rounds its datetimes to seconds: `params` carries the exact ones.
             when = datetime.fromtimestamp(part.start_ms / 1000, tz=UTC)
@@ -275,10 +334,19 @@ class PrometheusSource:
 
     def _ask(self, expr: str, call: Callable[[], Any]) -> list[dict[str, Any]]:
         """Run one API call, its failures as ``SourceError`` naming the URL and the query."""
+        self._seen.response = None
         try:
-            result = call()
+            if self.http.tls.insecure_skip_verify:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+                    result = call()
+            else:
+                result = call()
         except PrometheusApiClientException as exc:
-            raise SourceError(_http_error(str(exc)), url=self.url, query=expr) from None
+            raise SourceError(self._refused(_http_error(str(exc))), url=self.url,
+                              query=expr) from None
+        except requests.exceptions.SSLError as exc:
+            raise SourceError(_tls_error(_root_cause(exc)), url=self.url, query=expr) from None
         except requests.Timeout:
             raise SourceError(f"no answer within {self.timeout_s:g} s", url=self.url,
                               query=expr) from None
@@ -291,12 +359,59 @@ class PrometheusSource:
         except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
             # ValueError/KeyError/TypeError: a 200 answer that is not Prometheus's JSON
             # (e.g. a web UI or proxy page at this URL).
-            raise SourceError(f"not a Prometheus API answer ({type(exc).__name__}: {exc})",
-                              url=self.url, query=expr) from None
+            html = self._html_page()
+            raise SourceError(html or f"not a Prometheus API answer ({type(exc).__name__}: "
+                              f"{exc})", url=self.url, query=expr) from None
         if not isinstance(result, list):
             raise SourceError(f"unexpected answer {str(result)[:200]!r}", url=self.url,
                               query=expr)
         return result
+
+    def _html_page(self) -> str:
+        """The message for an HTML page answered where JSON was expected, or ""."""
+        response: requests.Response | None = getattr(self._seen, "response", None)
+        ctype = response.headers.get("Content-Type", "") if response is not None else ""
+        if response is None or "html" not in ctype.lower():
+            return ""
+        title = _page_title(response)
+        named = f", {title!r}" if title else ""
+        if "ssl certificate" in title.lower():
+            # nginx answers a missing or unknown client certificate with this page.
+            return (f"HTTP {response.status_code}{named}: the server wants a client certificate "
+                    "it trusts: set [engine.http.tls] cert_file and key_file")
+        return (f"HTTP {response.status_code}: an HTML page ({ctype.split(';')[0]}{named}) "
+                "where Prometheus's JSON API was expected: the login page of a proxy in front "
+                "of it, or a URL without the API's path prefix (Mimir's /prometheus, "
+                "VictoriaMetrics cluster's /select/<tenant>/prometheus)")
+
+    def _refused(self, text: str) -> str:
+        """The message of a refused answer (``text``: status and Prometheus's own error), with
+        what the response's headers and body say a person should do."""
+        response: requests.Response | None = getattr(self._seen, "response", None)
+        if response is None or response.status_code == 200:
+            return text
+        status = response.status_code
+        html = self._html_page()
+        if html and status not in (401, 403):
+            return html
+        if html:
+            # A proxy's error page, not Prometheus's JSON: its title is the message.
+            title = _page_title(response)
+            text = f"HTTP {status}" + (f" ({title})" if title else "")
+        if status in (401, 403):
+            body = response.text.lower()
+            if "org id" in body or "orgid" in body or "tenant" in body:
+                return (f"{text}: no tenant, or one the server does not know: Mimir and Cortex "
+                        "need the X-Scope-OrgID header ([engine.http] headers); sent "
+                        f"{self.credential()}")
+            asks = response.headers.get("WWW-Authenticate", "")
+            asked = f"; the server asks for {asks.split(' ', 1)[0]}" if asks else ""
+            return (f"{text}: the server refused the credential (sent {self.credential()})"
+                    f"{asked}; check [engine.http]")
+        wait = response.headers.get("Retry-After", "")
+        if status in (429, 503) and wait:
+            return f"{text}; the server asks to wait {wait} s before asking again (Retry-After)"
+        return text + _limit_hint(text)
 
     def _tracks(self, expr: str, grid: Grid) -> dict[Labels, Track]:
         """A range answer as tracks over ``grid``, keyed by labels without ``__name__``."""
@@ -426,6 +541,52 @@ class PrometheusSource:
     def instant_range(self, metric: str, matchers: Matchers, grid: Grid) -> dict[Labels, Track]:
         """``metric{matchers}`` per series at every instant of ``grid``: one range query."""
         return self._tracks(selector(metric, matchers), grid)
+
+
+#: Words of the limits a store puts on one query, in its error, and what the limit is called.
+_LIMITS = (
+    ("maxsamplesperquery", "VictoriaMetrics' -search.maxSamplesPerQuery"),
+    ("maxuniquetimeseries", "VictoriaMetrics' -search.maxUniqueTimeseries"),
+    ("too many samples", "Prometheus's --query.max-samples"),
+    ("max_fetched_series", "Mimir's max_fetched_series_per_query"),
+    ("max_fetched_chunk", "Mimir's max_fetched_chunk_bytes_per_query"),
+    ("exceeded maximum resolution", "the 11,000 points of one series of a range query"),
+    ("the query time range exceeds", "the store's max_query_length"),
+)
+
+
+def _limit_hint(text: str) -> str:
+    low = text.lower()
+    for word, name in _LIMITS:
+        if word in low:
+            return (f"; the query is past the server's limit ({name}): shorten the window, or "
+                    "let the server evaluate Vigil's recording rules (vigil rules prometheus)")
+    return ""
+
+
+def _page_title(response: requests.Response) -> str:
+    """The ``<title>`` of an HTML answer, white space folded (at most 120 characters)."""
+    found = _TITLE_RE.search(response.text[:4096])
+    return " ".join(found.group(1).split())[:120] if found else ""
+
+
+def _tls_error(cause: str) -> str:
+    """A TLS failure with what to set."""
+    low = cause.lower()
+    if "certificate verify failed" in low and ("hostname" in low or "ip address" in low):
+        hint = ("the certificate is for another name: set [engine.http.tls] server_name to "
+                "the name it carries")
+    elif "certificate verify failed" in low:
+        hint = ("the server's certificate is not signed by a CA Vigil trusts: set "
+                "[engine.http.tls] ca_file to the CA bundle that signs it")
+    elif "certificate required" in low or "handshake failure" in low:
+        hint = ("the server asks for a client certificate: set [engine.http.tls] cert_file "
+                "and key_file")
+    elif "wrong version number" in low:
+        hint = "the server does not speak TLS on this port: use http://"
+    else:
+        hint = "check [engine.http.tls]"
+    return f"TLS failed ({cause}): {hint}"
 
 
 def _http_error(text: str) -> str:

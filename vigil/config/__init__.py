@@ -39,6 +39,7 @@ from vigil.config.gateway import (
     TierConfig,
     TiersConfig,
 )
+from vigil.config.http import BasicAuthConfig, HttpClientConfig, OAuth2Config, TlsConfig
 from vigil.config.load import load_alert_table, load_config, parse_config
 from vigil.config.renamed import RENAMED_KEYS
 from vigil.config.root import Config
@@ -51,6 +52,7 @@ __all__ = [
     "AlertsConfig",
     "AnomalyConfig",
     "ApiKeyConfig",
+    "BasicAuthConfig",
     "BatchConfig",
     "BurnRateAlert",
     "CacheConfig",
@@ -61,7 +63,9 @@ __all__ = [
     "DiscoveryConfig",
     "EngineConfig",
     "GatewayConfig",
+    "HttpClientConfig",
     "KedaConfig",
+    "OAuth2Config",
     "PoolConfig",
     "RulesConfig",
     "ScalingConfig",
@@ -72,6 +76,7 @@ __all__ = [
     "TargetConfig",
     "TierConfig",
     "TiersConfig",
+    "TlsConfig",
     "VllmProfileConfig",
     "check_http_url",
     "load_alert_table",

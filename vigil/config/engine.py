@@ -15,6 +15,7 @@ from pydantic import (
 )
 
 from vigil.config.base import Duration, Ratio, Section, check_http_url
+from vigil.config.http import HttpClientConfig
 
 
 class SloDefaults(Section):
@@ -140,6 +141,8 @@ class EngineConfig(Section):
     #: How often `vigil serve` evaluates (seconds).
     evaluation_interval: Duration = 30.0
     burn_rate_alerts: list[BurnRateAlert] = Field(default_factory=_default_burn_rate_alerts)
+    #: How every read of ``prometheus_url`` authenticates: headers, credentials, TLS.
+    http: HttpClientConfig = HttpClientConfig()
 
     @field_validator("prometheus_url")
     @classmethod

@@ -119,6 +119,11 @@ class Config(Section):
         timeout = target.scrape_timeout or self.collector.scrape_timeout
         return min(timeout, self.scrape_interval(target))
 
+    def config_dir(self) -> Path | None:
+        """The folder of the config file, where its relative paths point (None when the
+        config was built in code)."""
+        return Path(self.source).resolve().parent if self.source else None
+
     def outbox_path(self) -> Path:
         """The alert outbox's path; a relative path is relative to the config file's folder."""
         p = Path(self.alerts.outbox_path)
