@@ -306,3 +306,44 @@ def test_cli_signal_flag(tmp_path: Path) -> None:
     assert [t["name"] for t in obj["spec"]["triggers"]] == ["vigil-desired-replicas"]
     with pytest.raises(SystemExit):
         parser.parse_args(["keda", "-c", str(config_file), "--signal", "gpu"])
+
+
+def test_the_triggers_read_prometheus_as_engine_http_says() -> None:
+    """A credential becomes one TriggerAuthentication the ScaledObjects share, reading the
+    Secret's keys named as KEDA's parameters; headers and skipped certificate checks become
+    trigger metadata; what KEDA cannot take is said."""
+    config = _config(engine={"http": {
+        "bearer_token_file": "/var/run/secrets/tokens/prometheus",
+        "headers": {"X-Scope-OrgID": "team-a"},
+        "tls": {"cert_file": "c.pem", "key_file": "k.pem", "ca_file": "ca.pem",
+                "server_name": "prom.internal"}}})
+    result = generate_keda(config, KedaOptions(namespace="llm", auth_secret="prom-creds"))
+    auth, *scaled = result.objects
+    assert auth == {
+        "apiVersion": "keda.sh/v1alpha1", "kind": "TriggerAuthentication",
+        "metadata": {"name": "vigil-prometheus", "namespace": "llm",
+                     "labels": {"app.kubernetes.io/managed-by": "vigil"}},
+        "spec": {"secretTargetRef": [
+            {"parameter": p, "name": "prom-creds", "key": p}
+            for p in ("bearerToken", "cert", "key", "ca")]},
+    }
+    for obj in scaled:
+        _check(obj)
+        for trigger in obj["spec"]["triggers"]:
+            assert trigger["authenticationRef"] == {"name": "vigil-prometheus"}
+            meta = trigger["metadata"]
+            assert meta["authModes"] == "bearer,tls"
+            assert meta["customHeaders"] == "X-Scope-OrgID=team-a"
+            assert "unsafeSsl" not in meta
+    assert result.warnings == ("[engine.http.tls] server_name: KEDA cannot be told; its "
+                               "serverAddress must carry the name the certificate does",)
+    # Nothing to authenticate with: no TriggerAuthentication, no reference.
+    plain = generate_keda(_config(engine={"http": {"tls": {"insecure_skip_verify": True}}}))
+    assert [o["kind"] for o in plain.objects] == ["ScaledObject"] * 3
+    for obj in plain.objects:
+        for trigger in obj["spec"]["triggers"]:
+            assert "authenticationRef" not in trigger
+            assert trigger["metadata"]["unsafeSsl"] == "true"
+    oauth = generate_keda(_config(engine={"http": {"oauth2": {
+        "client_id": "vigil", "client_secret_env": "S", "token_url": "https://sso/token"}}}))
+    assert "oauth2: the ScaledObjects carry no OAuth2 settings" in oauth.warnings[0]

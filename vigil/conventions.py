@@ -197,6 +197,11 @@ OPERATOR_DCGM_PORT = "metrics"
 #: Scrape jobs are ``<prefix>-<target name>``; ScaledObjects ``<prefix>-<pool name>``.
 SCRAPE_JOB_PREFIX = "vigil"
 SCALED_OBJECT_PREFIX = "vigil"
+#: The KEDA TriggerAuthentication the ScaledObjects share when ``[engine.http]`` carries a
+#: credential, and the default name of the Secret it reads (``vigil rules keda
+#: --auth-secret``), whose keys are KEDA's own parameter names (bearerToken, username, ...).
+KEDA_TRIGGER_AUTH = "vigil-prometheus"
+KEDA_AUTH_SECRET = "vigil-prometheus-auth"
 #: The label Prometheus adds to every scraped series and the collector does not (dropped).
 LABEL_JOB = "job"
 # vLLM 0.33's default bucket bounds (seconds), from vllm/v1/metrics/buckets.py in the 0.33.0

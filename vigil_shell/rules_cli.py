@@ -42,6 +42,7 @@ from vigil.cli_options import (
 from vigil.conventions import (
     FILE_KEDA,
     FILE_OPERATOR,
+    KEDA_AUTH_SECRET,
     OPERATOR_DCGM_PORT,
     OPERATOR_POD_SELECTOR,
     OPERATOR_PORT,
@@ -107,6 +108,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--scale-target", default="{pool}", metavar="NAME",
                    help="the Deployment to scale; {pool} is replaced by the pool's name "
                         "(default: {pool})")
+    p.add_argument("--auth-secret", default=KEDA_AUTH_SECRET, metavar="NAME",
+                   help="the Secret holding the [engine.http] credential for KEDA, its keys "
+                        "named as KEDA's parameters: bearerToken, username and password, "
+                        "customAuthHeader and customAuthValue, cert, key, ca "
+                        f"(default {KEDA_AUTH_SECRET})")
     p.add_argument("--signal", choices=("vllm", "vigil"), default="vllm",
                    help="vllm: trigger on queue, KV cache and TTFT p95 read from vLLM (default); "
                         "vigil: on vigil serve's desired replicas (Prometheus must scrape it)")
@@ -228,7 +234,7 @@ def _keda(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     config = load_config(args.config)
     options = KedaOptions(prometheus_url=args.prometheus_url.rstrip("/"),
                           namespace=args.namespace, scale_target=args.scale_target,
-                          signal=args.signal)
+                          signal=args.signal, auth_secret=args.auth_secret)
     result = generate_keda(config, options)
     for warning in result.warnings:
         err.write(f"vigil rules keda: {warning}\n")
