@@ -16,11 +16,18 @@ import tempfile
 from collections.abc import Iterator, Sequence
 
 import pytest
+from hypothesis import settings
 from support.loopback import LoopbackServer
 
 from serving.sim.testing import PORTS_ENV
 
 __all__ = ["in_ci", "require_binary"]
+
+# No per-example deadline: the parallel part shares two cores with the image build and the
+# vLLM venv's install, so an example's wall time says nothing about the code; speed is the
+# benchmarks' business (bench/), never a test's. A test may still set its own deadline.
+settings.register_profile("vigil", deadline=None)
+settings.load_profile("vigil")
 
 #: program name -> the command that installs it, for every program a test asked for in vain.
 _MISSING: dict[str, str] = {}
