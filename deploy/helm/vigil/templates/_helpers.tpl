@@ -131,6 +131,9 @@ Secret's key) and env. (dict "root" $ "values" .Values.serve "postgres" true)
 - name: tmp
   emptyDir:
     sizeLimit: {{ .Values.tmpSize }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{/* The mounts of vigil.toml, /tmp and the data directory, in every container. */}}
@@ -142,6 +145,9 @@ Secret's key) and env. (dict "root" $ "values" .Values.serve "postgres" true)
   mountPath: /tmp
 - name: data
   mountPath: {{ include "vigil.dataDir" . }}
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{/* The scheduling keys of a pod: (dict "values" .Values.serve). */}}
