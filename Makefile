@@ -24,16 +24,29 @@ PARALLEL := -n $(WORKERS) --dist loadscope
 
 # vLLM's venv (a few hundred MB to download and unpack) is built while the parallel part
 # runs, which does not need it; the real-vLLM tests wait for it. Its log is printed if it fails.
+# So is the image that tests/test_image.py runs (make image-test-build), into a folder of this
+# run's own: that test, in the parallel part, waits for its build.status. The folder (a 1 GB
+# vfs store) is removed while the serial part runs.
 VLLM_VENV_LOG := .venv-vllm.log
 
-test: venv prometheus alertmanager chromium postgresql
+test: venv prometheus alertmanager chromium postgresql buildah mmdebstrap nginx
 	@$(MAKE) --no-print-directory vllm-venv > $(VLLM_VENV_LOG) 2>&1 & vllm=$$!; \
+	images=$$(mktemp -d /var/tmp/vigil-image-test.XXXXXX); \
+	$(MAKE) --no-print-directory image-test-build IMAGE_TEST_DIR=$$images > /dev/null 2>&1 & \
+	image=$$!; \
 	status=0; \
 	{ $(BIN)/ruff check --no-cache . && $(BIN)/mypy && \
+	  VIGIL_IMAGE_TEST_DIR=$$images \
 	  $(BIN)/pytest $(PARALLEL) -m "not serial and not real_vllm" --durations=25; } || status=$$?; \
-	if ! wait $$vllm; then cat $(VLLM_VENV_LOG); echo "building $(VLLM_VENV) failed"; exit 1; fi; \
-	[ $$status -eq 0 ] || exit $$status; \
-	$(BIN)/pytest -m "serial or real_vllm" --durations=15
+	vllm_ok=yes; wait $$vllm || vllm_ok=no; image_ok=yes; wait $$image || image_ok=no; \
+	if [ $$vllm_ok = no ]; then cat $(VLLM_VENV_LOG); echo "building $(VLLM_VENV) failed"; fi; \
+	if [ $$image_ok = no ]; then cat $$images/build.log; \
+		echo "building the test image failed (make image-test-build)"; fi; \
+	rm -rf $$images & removing=$$!; \
+	[ $$vllm_ok = yes ] && [ $$image_ok = yes ] || { wait $$removing; exit 1; }; \
+	[ $$status -eq 0 ] || { wait $$removing; exit $$status; }; \
+	$(BIN)/pytest -m "serial or real_vllm" --durations=15 || status=$$?; \
+	wait $$removing; exit $$status
 
 # The inner loop while changing code: lint, then every test that takes less than a few
 # seconds, in parallel (no real vLLM, no browser, no long real-time scenarios); five and a
@@ -115,11 +128,112 @@ postgresql:
 			$(SUDO) systemctl disable --now postgresql 2>/dev/null || true; \
 		else $(SUDO) service postgresql stop 2>/dev/null || true; fi; }
 
+# Clients of Prometheus-compatible stores are tested through a real nginx in front of real
+# Prometheus servers (TLS, client certificates, basic auth, bearer tokens, X-Scope-OrgID;
+# tests/support/nginx.py starts its own on loopback), so the service the package starts is stopped.
+.PHONY: nginx
+nginx:
+	@[ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || { \
+		echo "nginx not found: installing Debian's nginx package"; \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends nginx; \
+		if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
+			echo "disabling the nginx.service the package enabled (tests start their own on loopback)"; \
+			$(SUDO) systemctl disable --now nginx 2>/dev/null || true; \
+		else $(SUDO) service nginx stop 2>/dev/null || true; fi; }
+
 # The dashboard's browser test drives Debian's Chromium headless (never a downloaded browser).
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { \
 		echo "chromium not found: installing Debian's package"; \
 		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium; }
+
+# --- The container image: one image for every process (deploy/Containerfile, docs/image.md) ---
+.PHONY: image image-base-offline image-test-build buildah mmdebstrap
+
+VIGIL_VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+IMAGE        ?= localhost/vigil:$(VIGIL_VERSION)
+VIGIL_EXTRAS ?= gateway,dashboard
+BASE_IMAGE   ?= docker.io/library/python:3.11-slim-bookworm
+# The base that deploy/image/offline-base.sh makes from Debian's archive, with no registry:
+# `make image-base-offline image BASE_IMAGE=localhost/vigil-base:bookworm`.
+OFFLINE_BASE ?= localhost/vigil-base:bookworm
+# docker, podman or buildah; empty: docker when its daemon answers (a client alone is not
+# enough), else podman when installed, else buildah (installed if missing).
+IMAGE_BUILDER ?=
+# Global flags of buildah, before `bud` (e.g. --storage-driver vfs inside a container).
+BUILDAH_FLAGS ?=
+# The CA bundle pip trusts inside the build (build secret `ca-certificates`): the one this
+# machine's pip trusts, so that a TLS-inspecting proxy it trusts is trusted there too.
+BUILD_CA_CERTS ?= $(or $(PIP_CERT),$(wildcard /etc/ssl/certs/ca-certificates.crt))
+# A folder of wheels pip prefers inside the build (buildah and podman mount it), such as a CPU
+# torch for VIGIL_EXTRAS=...,semantic where TORCH_INDEX_URL cannot be reached.
+WHEELS ?=
+comma := ,
+IMAGE_ARGS = -f deploy/Containerfile -t $(IMAGE) \
+	--build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg VIGIL_EXTRAS=$(VIGIL_EXTRAS) \
+	--build-arg VERSION=$(VIGIL_VERSION) \
+	--build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
+	--build-arg "SOURCE_URL=$$(git remote get-url origin 2>/dev/null)" \
+	--build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) \
+	$(if $(filter undefined,$(origin TORCH_INDEX_URL)),,--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL)) \
+	$(if $(BUILD_CA_CERTS),--secret id=ca-certificates$(comma)src=$(BUILD_CA_CERTS))
+
+image:
+	@builder='$(IMAGE_BUILDER)'; \
+	if [ -z "$$builder" ]; then \
+		if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then builder=docker; \
+		elif command -v podman >/dev/null 2>&1; then builder=podman; \
+		else builder=buildah; fi; fi; \
+	[ "$$builder" != buildah ] || $(MAKE) --no-print-directory buildah || exit 1; \
+	echo "building $(IMAGE) with $$builder (extras $(VIGIL_EXTRAS), base $(BASE_IMAGE))"; \
+	start=$$(date +%s); \
+	case $$builder in \
+	docker) [ -z '$(WHEELS)' ] || { echo "WHEELS needs podman or buildah (docker build mounts no folder)"; exit 2; }; \
+		DOCKER_BUILDKIT=1 docker build $(IMAGE_ARGS) . ;; \
+	podman) podman build --format docker $(IMAGE_ARGS) \
+		$(if $(WHEELS),-v $(abspath $(WHEELS)):/wheels:ro --build-arg WHEELS=/wheels) . ;; \
+	buildah) buildah $(BUILDAH_FLAGS) bud --isolation chroot --format docker $(IMAGE_ARGS) \
+		$(if $(WHEELS),-v $(abspath $(WHEELS)):/wheels:ro --build-arg WHEELS=/wheels) . ;; \
+	*) echo "IMAGE_BUILDER must be docker, podman or buildah, not $$builder"; exit 2 ;; \
+	esac || exit 1; \
+	echo "built $(IMAGE) in $$(( $$(date +%s) - start )) s"; \
+	case $$builder in buildah) buildah $(BUILDAH_FLAGS) images $(IMAGE) ;; *) $$builder images $(IMAGE) ;; esac
+
+image-base-offline: buildah mmdebstrap
+	deploy/image/offline-base.sh $(OFFLINE_BASE)
+
+# The image tests/test_image.py runs: built from this tree on the offline base with buildah,
+# into a vfs store of its own under IMAGE_TEST_DIR (the machine's default store is left
+# alone), with build.log and build.status ("EXIT_CODE SECONDS") beside it. make test starts it
+# in the background in a fresh folder; the test waits for build.status (run alone, the test
+# builds in a temporary folder; VIGIL_IMAGE_TEST_DIR=FOLDER makes it use a build made by hand).
+IMAGE_TEST_DIR ?= /var/tmp/vigil-image-test
+IMAGE_TEST     := localhost/vigil:test
+
+image-test-build: buildah mmdebstrap
+	@mkdir -p $(IMAGE_TEST_DIR) && cd $(IMAGE_TEST_DIR) && \
+		rm -rf storage run storage.conf build.log build.status
+	@printf '[storage]\ndriver = "vfs"\ngraphroot = "%s/storage"\nrunroot = "%s/run"\n' \
+		$(IMAGE_TEST_DIR) $(IMAGE_TEST_DIR) > $(IMAGE_TEST_DIR)/storage.conf
+	@start=$$(date +%s); \
+	CONTAINERS_STORAGE_CONF=$(IMAGE_TEST_DIR)/storage.conf $(MAKE) --no-print-directory \
+		image-base-offline image IMAGE_BUILDER=buildah BASE_IMAGE=$(OFFLINE_BASE) \
+		IMAGE=$(IMAGE_TEST) > $(IMAGE_TEST_DIR)/build.log 2>&1; status=$$?; \
+	echo "$$status $$(( $$(date +%s) - start ))" > $(IMAGE_TEST_DIR)/build.status; \
+	if [ $$status -ne 0 ]; then cat $(IMAGE_TEST_DIR)/build.log; exit $$status; fi; \
+	echo "built $(IMAGE_TEST) in $(IMAGE_TEST_DIR) in $$(( $$(date +%s) - start )) s"
+
+# The image is built with buildah and the offline base with mmdebstrap (Debian's packages),
+# without their recommendations: chroot isolation needs no OCI runtime.
+buildah:
+	@command -v buildah >/dev/null 2>&1 || { \
+		echo "buildah not found: installing Debian's package"; \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends buildah; }
+
+mmdebstrap:
+	@command -v mmdebstrap >/dev/null 2>&1 || { \
+		echo "mmdebstrap not found: installing Debian's package"; \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends mmdebstrap; }
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_VENV_LOG) demo-data .pytest_cache .ruff_cache
