@@ -46,6 +46,8 @@ from vigil.conventions import (
     METRIC_CURRENT_REPLICAS,
     METRIC_DESIRED_REPLICAS,
     METRIC_EVALUATION_DURATION,
+    METRIC_EVALUATION_FAILURES,
+    METRIC_EVALUATION_SUCCESS,
     METRIC_KV_USAGE,
     METRIC_LAST_EVALUATION,
     METRIC_LATENCY,
@@ -93,6 +95,10 @@ class Snapshot:
     routes: Sequence[str] = field(default_factory=tuple)
     #: With several copies on a shared database: this copy's role, else None.
     leadership: LeaderRole | None = None
+    #: Whether the last evaluation succeeded (None before the first), and how many failed
+    #: since the process started.
+    evaluation_ok: bool | None = None
+    evaluation_failures: int = 0
 
 
 @dataclass(frozen=True)
@@ -281,7 +287,14 @@ class VigilCollector(Collector):
         last = _gauge(METRIC_LAST_EVALUATION, "When the last evaluation finished "
                       "(Unix seconds)", [])
         _add(last, [], snap.evaluated_at)
-        yield from (ev, last)
+        ok = _gauge(METRIC_EVALUATION_SUCCESS, "1 if the last evaluation succeeded, 0 if it "
+                    "failed (its reason is on /healthz and in the log)", [])
+        failed = CounterMetricFamily(METRIC_EVALUATION_FAILURES, "Evaluations that failed "
+                                     "(the source unreachable or refusing)", labels=[])
+        if snap.evaluation_ok is not None:  # nothing to say before the first evaluation
+            ok.add_metric([], 1.0 if snap.evaluation_ok else 0.0)
+            failed.add_metric([], float(snap.evaluation_failures))
+        yield from (ev, last, ok, failed)
         if snap.leadership is not None:
             yield from _leader_families(snap.leadership)
 

@@ -222,3 +222,81 @@ model = "m"
     assert status["source"] == "prometheus" and [s["name"] for s in status["slos"]]
     assert all(r["org_id"] == "team-a" for r in front.requests("mimir")[-3:])
     assert not [s for s in SECRETS if s in out.getvalue()]
+
+
+@pytest.mark.slow
+def test_serve_keeps_running_through_a_refused_credential(front: NginxFront,
+                                                          pki: tuple[CA, CA],
+                                                          tmp_path: Path) -> None:
+    """`vigil serve` in Prometheus mode with a stale token: it keeps running, `/healthz` says
+    503 with the credential it sent (never its value), `/metrics` says the evaluations fail;
+    the rotated token in the file brings it back without a restart. Nothing it prints or
+    serves holds a secret."""
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+    from support.loopback import free_port, wait_for
+
+    ca, _ = pki
+    front.set_bearer_token(TOKEN_2)
+    token = tmp_path / "token"
+    token.write_text(TOKEN_1)  # stale
+    (tmp_path / "vigil.toml").write_text(f"""
+[engine]
+prometheus_url = "{front.url('mimir')}"
+promql_semantics = "2"
+evaluation_interval = "1s"
+[engine.http]
+bearer_token_file = "token"
+headers = {{ "X-Scope-OrgID" = "team-a" }}
+[engine.http.tls]
+ca_file = "{ca.cert}"
+[[pools]]
+name = "chat"
+model = "m"
+""")
+    port = free_port()
+    log = tmp_path / "serve.log"
+    root = Path(__file__).resolve().parent.parent
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "vigil_shell.serve", "--config",
+                                 str(tmp_path / "vigil.toml"), "--listen", f"127.0.0.1:{port}"],
+                                cwd=root, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    seen: list[str] = []
+    try:
+        def refused() -> httpx.Response | None:
+            r = httpx.get(base + "/healthz", timeout=2)
+            return r if r.status_code == 503 else None
+
+        health = wait_for("serve says the credential is refused", refused, 30,
+                          ignore=(httpx.HTTPError,))
+        assert "the server refused the credential (sent a bearer token from" in health.text
+        metrics = httpx.get(base + "/metrics", timeout=2).text
+        assert "vigil_evaluation_success 0.0" in metrics
+        assert proc.poll() is None  # still running
+        seen += [health.text, metrics]
+        token.write_text(TOKEN_2)  # the rotation reaches the file
+
+        def recovered() -> httpx.Response | None:
+            r = httpx.get(base + "/healthz", timeout=2)
+            return r if r.status_code == 200 else None
+
+        health = wait_for("serve recovers with the rotated token", recovered, 30,
+                          ignore=(httpx.HTTPError,))
+        metrics = httpx.get(base + "/metrics", timeout=2).text
+        assert "vigil_evaluation_success 1.0" in metrics
+        assert "vigil_evaluation_failures_total" in metrics
+        seen += [health.text, metrics]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    seen.append(log.read_text())
+    assert "recovered after" in seen[-1]
+    for text in seen:
+        assert not [s for s in SECRETS if s in text], text[-2000:]

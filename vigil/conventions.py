@@ -252,6 +252,10 @@ METRIC_TARGET_UP = "vigil_target_up"
 METRIC_TARGET_SCRAPE_DURATION = "vigil_target_scrape_duration_seconds"
 METRIC_EVALUATION_DURATION = "vigil_evaluation_duration_seconds"
 METRIC_LAST_EVALUATION = "vigil_last_evaluation_timestamp_seconds"
+#: 1 when the last evaluation succeeded, 0 when it failed (the source refused, timed out...);
+#: and the failed evaluations since serve started (a counter, without ``_total``).
+METRIC_EVALUATION_SUCCESS = "vigil_evaluation_success"
+METRIC_EVALUATION_FAILURES = "vigil_evaluation_failures"
 #: Copies of `vigil serve` on a shared database ([serve] database): 1 on the copy that holds
 #: the leader's lease (the one that delivers), 0 on the others; the lease's term number;
 #: how often this copy took the lead (a counter, without ``_total``).

@@ -363,6 +363,8 @@ class Server:
         self.evaluations = 0
         #: Evaluations that failed since the last one that succeeded.
         self.failures = 0
+        #: Evaluations that failed since the process started.
+        self.failed_total = 0
         self.last_error = ""
         self._eval_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vigil-eval")
         #: With ``[serve] database``: this copy's side of the leader's lease (None until the
@@ -472,7 +474,9 @@ class Server:
             # condition state is kept as it was: alerts firing or pending before the failure
             # are still there when the source answers again, none resolved by the outage.
             self.failures += 1
+            self.failed_total += 1
             self.last_error = f"evaluation from {self.source} failed: {exc}"
+            self._publish()
             if isinstance(exc, SourceError):
                 log.error("evaluation at %.3f failed (%d in a row): %s", now, self.failures,
                           exc)
@@ -548,6 +552,9 @@ class Server:
             alerts=tuple(self.alerts),
             counters=self.notifier.counters(self.clock()) if self.notifier else None,
             leadership=role,
+            evaluation_ok=(None if not (self.evaluations or self.failures)
+                           else not self.last_error),
+            evaluation_failures=self.failed_total,
             targets=tuple(r.targets) if r else (),
             evaluation_duration=r.duration if r else None,
             evaluated_at=r.status.get("at") if r else None,
