@@ -503,6 +503,24 @@ def test_unreachable_prometheus_is_an_error_message(seeded: Path,
         assert not at.get("vega_lite_chart")
 
 
+def test_the_servers_warnings_are_shown(seeded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Thanos querier that answers without one of its stores says so in `warnings`: the
+    Overview shows it above the figures."""
+    from support.loopback import serve_http
+
+    body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": []},
+                       "warnings": ["partial response: store 10.0.0.3:10901 unreachable"]})
+    with serve_http(lambda _req: (200, "application/json", body.encode())) as server:
+        config = seeded.parent / "prometheus-partial.toml"
+        config.write_text(seeded.read_text().replace(
+            "[collector]", f'[engine]\nprometheus_url = "{server.url}"\n'
+                           'promql_semantics = "3"\n\n[collector]'))
+        at = run_page(config, monkeypatch, None)
+    assert not at.exception
+    warned = [w.value for w in at.warning if "metrics server warned" in w.value]
+    assert warned and "store 10.0.0.3:10901 unreachable" in warned[0]
+
+
 # --- a young store ------------------------------------------------------------------------------
 #: How much data the young store holds (minutes after `vigil serve` first started).
 YOUNG_S = 360.0

@@ -188,6 +188,11 @@ def body() -> None:
         layout.header(ctx, None, at_s,
                       f"source {status['source']} · PromQL {status['promql_semantics']} · "
                       f"SLI window {status['window']}")
+        for warning in status.get("warnings") or []:
+            # From the Prometheus-compatible server itself (a store that did not answer, a
+            # result cut by a limit): every figure below may come from part of the data.
+            st.warning(f"**The metrics server warned:** {warning}. The figures on this page "
+                       "may come from part of the data.", icon=":material/warning:")
         if not ctx.config.pools:
             st.info(f"**No pools are configured.** Add a `[[pools]]` entry (name, model, GPU) "
                     f"and its `[[targets]]` to `{ctx.path}`; see `vigil.example.toml`.",
