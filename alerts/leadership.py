@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,10 +76,17 @@ class Leadership:
         self.name = name or default_copy_name()
         self.duration = duration
         self._monotonic = monotonic
+        # The holder in the lease is the name and a random part of this process's own: two
+        # copies given the same [serve] name (one config for every replica) must still be two
+        # holders, or both would pass the fence.
+        self.holder = f"{self.name}/{secrets.token_hex(4)}"
+        # The lease thread ticks; the event loop and the HTTP thread read: one lock.
+        self._lock = threading.RLock()
         # One connection is enough: a tick every second, and nothing else uses it.
         self.db = open_database(url, what="the leader's lease", schema=LEASE_SCHEMA,
                                 pool_size=1)
-        self.lease = Lease(self.db, SERVE_LEASE_NAME, self.name, duration, monotonic=monotonic)
+        self.lease = Lease(self.db, SERVE_LEASE_NAME, self.holder, duration,
+                           monotonic=monotonic)
         #: The term this copy leads in, or None while it stands by.
         self.term: int | None = None
         self._deadline: float | None = None
@@ -97,28 +106,39 @@ class Leadership:
     def leads(self) -> bool:
         """Whether this copy may act as leader now (it holds a term and its deadline has not
         passed); False once the deadline passes even if no tick has said so yet."""
-        return (self.term is not None and self._deadline is not None
-                and self._monotonic() < self._deadline)
+        with self._lock:
+            term, deadline = self.term, self._deadline
+        return term is not None and deadline is not None and self._monotonic() < deadline
 
     def fence(self) -> Fence:
         """The outbox's write check for the current term (call only while leading)."""
-        if self.term is None:
+        with self._lock:
+            term = self.term
+        if term is None:
             raise RuntimeError("fence() while standing by")
-        return self.lease.fence(self.term)
+        return self.lease.fence(term)
 
     def tick(self) -> Transition:
         """Take or renew the lease once; see ``Transition`` for what the caller must do."""
         try:
             state = self.lease.acquire()
         except StoreError as exc:
-            self.last_error = str(exc)
-            if self.term is not None and not self.leads():
-                return self._step_down(f"could not renew the lease before it ran out: {exc}")
-            if self.term is not None:
-                log.warning("could not renew the leader's lease (%.1f s left): %s",
-                            (self._deadline or 0.0) - self._monotonic(), exc)
-                return Transition("kept", self.term)
-            return Transition("standby", 0)
+            with self._lock:
+                return self._failed_tick(exc)
+        with self._lock:
+            return self._after_tick(state)
+
+    def _failed_tick(self, exc: StoreError) -> Transition:
+        self.last_error = str(exc)
+        if self.term is not None and not self.leads():
+            return self._step_down(f"could not renew the lease before it ran out: {exc}")
+        if self.term is not None:
+            log.warning("could not renew the leader's lease (%.1f s left): %s",
+                        (self._deadline or 0.0) - self._monotonic(), exc)
+            return Transition("kept", self.term)
+        return Transition("standby", 0)
+
+    def _after_tick(self, state: LeaseState) -> Transition:
         self.last_error = ""
         self.seen = state
         if not state.held:
@@ -144,14 +164,20 @@ class Leadership:
     def step_down(self, reason: str) -> Transition | None:
         """Stop leading now (a write found the lease lost, or the deadline passed before a
         tick noticed); None when not leading."""
-        if self.term is None:
-            return None
-        return self._step_down(reason)
+        with self._lock:
+            if self.term is None:
+                return None
+            return self._step_down(reason)
 
-    def release(self) -> None:
-        """Give the lease up (clean shutdown) so a standby takes it at its next tick."""
-        term = self.term
-        self.term, self._deadline = None, None
+    def release(self, term: int | None = None) -> None:
+        """Give up term ``term`` (default: the one this copy leads in), so a standby takes the
+        lease at its next tick: at a clean shutdown, or after stepping down from a term this
+        copy could not act in."""
+        with self._lock:
+            if term is None:
+                term = self.term
+            if term == self.term:
+                self.term, self._deadline = None, None
         if term is None:
             return
         try:
@@ -163,16 +189,17 @@ class Leadership:
 
     def describe(self) -> str:
         """One line for ``/healthz`` and the log: this copy's role and the lease's holder."""
+        with self._lock:
+            term, seen, error = self.term, self.seen, self.last_error
         if self.leads():
-            return f"leader {self.name} (term {self.term})"
-        seen = self.seen
+            return f"leader {self.name} (term {term})"
         if seen is None or not seen.holder:
             who = "no leader seen yet"
         elif seen.remaining > 0:
             who = f"leader is {seen.holder} (term {seen.token})"
         else:
             who = f"the lease of {seen.holder} (term {seen.token}) ran out"
-        why = f"; {self.last_error}" if self.last_error else ""
+        why = f"; {error}" if error else ""
         return f"standby {self.name}: {who}{why}"
 
     def close(self) -> None:

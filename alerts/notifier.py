@@ -107,7 +107,9 @@ class Notifier:
 
     ``outbox_path``: the SQLite file of the outbox (its own file is best: the sample store
     checks its own schema), or the PostgreSQL URL copies of `vigil serve` share; ``fence``:
-    the leader's lease check for a shared one (``Outbox``). ``clock``: Unix seconds.
+    the leader's lease check for a shared one (``Outbox``); ``max_timeout``: no request
+    waits longer than this (seconds; half the lease, with a shared outbox). ``clock``: Unix
+    seconds.
     ``rng``: retry jitter. ``transport``: an httpx transport for tests. ``env``: where
     ``secret_env`` names are looked up (default ``os.environ``, read at each attempt so a
     rotated secret takes effect).
@@ -117,7 +119,8 @@ class Notifier:
                  rng: random.Random | None = None,
                  transport: httpx.AsyncBaseTransport | None = None,
                  env: Mapping[str, str] | None = None,
-                 max_concurrency: int = MAX_CONCURRENCY, fence: Fence | None = None):
+                 max_concurrency: int = MAX_CONCURRENCY, fence: Fence | None = None,
+                 max_timeout: float | None = None):
         self.config = config
         self._alerts_cfg = config.alerts
         self._routes: dict[str, AlertRouteConfig] = {r.name: r for r in config.alerts.routes}
@@ -125,6 +128,7 @@ class Notifier:
         self._transport = transport
         self._env = os.environ if env is None else env
         self._max_concurrency = max_concurrency
+        self._max_timeout = max_timeout
         self.grouper = Grouper(config.alerts.routes)
         self.outbox = Outbox(outbox_path, retry_initial=self._alerts_cfg.retry_initial,
                              retry_max=self._alerts_cfg.retry_max,
@@ -242,8 +246,13 @@ class Notifier:
         # format, so it goes where it was meant to.
         route = self._routes.get(item.route)
         if route is not None and route.format == item.format:
-            return route.url, route.timeout, route.secret_env
-        return item.url, item.timeout, item.secret_env
+            url, timeout, secret_env = route.url, route.timeout, route.secret_env
+        else:
+            url, timeout, secret_env = item.url, item.timeout, item.secret_env
+        if self._max_timeout is not None:
+            # A row stored under an older, longer timeout still fits the leader's lease.
+            timeout = min(timeout, self._max_timeout)
+        return url, timeout, secret_env
 
     async def _attempt(self, client: httpx.AsyncClient, item: OutboxItem, now: float,
                        rnd: DeliveryRound) -> bool:
@@ -268,7 +277,8 @@ class Notifier:
             except asyncio.CancelledError:
                 # Shutting down mid-request: not in flight any more, retried later (the
                 # receiver may have it: the same key lets it drop the repeat).
-                self.outbox.fail(item.id, self._stamp(now), "cancelled during the request")
+                self.outbox.fail(item.id, self._stamp(now), "cancelled during the request",
+                                 attempt=attempt)
                 raise
         stamp = self._stamp(now)
         if result.ok:
@@ -279,7 +289,7 @@ class Notifier:
                      "%.3f s)", item.key, item.route, attempt, result.status_code,
                      result.duration)
             return True
-        after = self.outbox.fail(item.id, stamp, result.reason)
+        after = self.outbox.fail(item.id, stamp, result.reason, attempt=attempt)
         self._counters.failed_attempts[item.route] += 1
         rnd.failed += 1
         rnd.failures[item.id] = result.reason

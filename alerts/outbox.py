@@ -382,16 +382,23 @@ class Outbox:
                 (OUTBOX_DONE, now, item_id),
             )
 
-    def fail(self, item_id: int, now: float, error: str) -> OutboxItem:
+    def fail(self, item_id: int, now: float, error: str, *,
+             attempt: int | None = None) -> OutboxItem:
         """The attempt failed with ``error``: schedule a retry with backoff, or give up when
         the notification is older than ``max_age``, or supersede it when it is a snapshot
-        and a newer snapshot of its stream is waiting."""
+        and a newer snapshot of its stream is waiting.
+
+        ``attempt``: the number ``begin_attempt`` gave the failed attempt. When the row has
+        had a later attempt since (a new leader took it over while this one hung), the late
+        result changes nothing: the later attempt owns the row."""
         with self._db.transaction() as c:
             row = c.execute(f"SELECT {_COLUMNS} FROM alert_outbox WHERE id = ?",
                             (item_id,)).fetchone()
             if row is None:
                 raise KeyError(item_id)
             item = OutboxItem._from_row(row)
+            if attempt is not None and item.attempts != attempt:
+                return item
             newer = item.snapshot and c.execute(
                 "SELECT 1 FROM alert_outbox WHERE route = ? AND group_key = ? AND seq > ? "
                 "AND status = ?", (item.route, item.group_key, item.seq, OUTBOX_PENDING),

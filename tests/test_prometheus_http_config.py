@@ -196,7 +196,7 @@ def test_an_unreadable_credential_names_its_file(api: Any, tmp_path: Path,
 
 
 @pytest.mark.parametrize(("http", "says"), [
-    ({"headers": {"Authorization": "Bearer x"}}, "a credential does not go in headers"),
+    ({"headers": {"Authorization": "Bearer x"}}, "set the credential with bearer_token_file"),
     ({"bearer_token_file": "t", "basic_auth": {"username": "u"}},
      "bearer_token_file and basic_auth: give one credential"),
     ({"proxy_url": "http://u:secret@proxy:3128"}, "the proxy URL carries a password"),
@@ -210,3 +210,58 @@ def test_bad_http_settings_are_refused_with_the_key(http: dict[str, Any], says: 
         parse_config({"engine": {"http": http}})
     assert "engine.http" in str(err.value)
     assert "secret@" not in str(err.value)
+
+
+def test_a_secret_that_no_header_can_carry_is_refused_by_name(api: Any, tmp_path: Path) -> None:
+    url, _, server = api
+    (tmp_path / "token").write_text(f"{TOKEN_1}\n{TOKEN_2}\n")  # two tokens pasted together
+    with PrometheusSource(url, http=_http(bearer_token_file="token"), base_dir=tmp_path) as s, \
+            pytest.raises(SourceError, match=r"the bearer token from .*token holds a line "
+                                             r"break") as err:
+        s.instant("up", {}, 1e9)
+    assert TOKEN_1 not in str(err.value) and TOKEN_2 not in str(err.value)
+    assert server.requests == []
+
+
+def test_secret_headers_do_not_follow_a_redirect_to_another_host(tmp_path: Path) -> None:
+    """requests drops Authorization on a redirect to another host; the headers of
+    header_files (an API key) are dropped the same way."""
+    with serve_http(lambda _req: (200, "application/json", json.dumps(EMPTY).encode())) as b:
+        other = b.url.replace("127.0.0.1", "localhost")
+
+        import http.server
+        import threading
+
+        class Redirect(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(302)
+                self.send_header("Location", other + self.path)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        a = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+        threading.Thread(target=a.serve_forever, daemon=True).start()
+        try:
+            (tmp_path / "key").write_text(API_KEY)
+            cfg = _http(header_files={"X-Api-Key": "key"})
+            with PrometheusSource(f"http://127.0.0.1:{a.server_address[1]}", http=cfg,
+                                  base_dir=tmp_path) as source:
+                source.instant("up", {}, 1e9)
+        finally:
+            a.shutdown()
+            a.server_close()
+        assert len(b.requests) == 1
+        assert "x-api-key" not in b.requests[0].headers
+
+
+def test_a_url_with_a_password_is_refused(api: Any) -> None:
+    url, _, _ = api
+    with pytest.raises(ValueError, match="carries a password") as err:
+        PrometheusSource(url.replace("http://", f"http://vigil:{PASSWORD}@"))
+    assert PASSWORD not in str(err.value)
+    with pytest.raises(ConfigError, match="carries a password") as cfg_err:
+        parse_config({"engine": {"prometheus_url": f"http://vigil:{PASSWORD}@prom:9090"}})
+    assert PASSWORD not in str(cfg_err.value)

@@ -275,3 +275,35 @@ def test_routes_must_fit_in_half_the_lease(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="PGPASSWORD") as err:
         load_config(str(path))
     assert "hunter2" not in str(err.value)
+
+
+def test_two_copies_given_the_same_name_are_still_two_holders(postgres_url: str) -> None:
+    """One config for every replica (the chart's) may set one [serve] name: the lease still
+    tells the processes apart."""
+    first = Leadership(postgres_url, "vigil-serve", 5.0)
+    second = Leadership(postgres_url, "vigil-serve", 5.0)
+    try:
+        assert first.tick().kind == "became"
+        assert second.tick().kind == "standby"
+        assert first.leads() and not second.leads()
+        assert second.describe().startswith("standby vigil-serve: leader is vigil-serve/")
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_term_given_up_after_stepping_down_passes_to_another(postgres_url: str) -> None:
+    """A copy that cannot act in its term (its notifier could not be built) gives the term up
+    at once, rather than taking it back every second while nothing is delivered."""
+    first = Leadership(postgres_url, "one", 30.0)
+    second = Leadership(postgres_url, "two", 30.0)
+    try:
+        turn = first.tick()
+        assert turn.kind == "became"
+        first.step_down("could not open the shared outbox")
+        first.release(turn.term)
+        assert second.tick().kind == "became" and second.term == turn.term + 1
+        assert first.tick().kind == "standby"
+    finally:
+        first.close()
+        second.close()

@@ -45,7 +45,7 @@ from alerts.conditions import ConditionState, evaluate_conditions, kv_usage_by_r
 from alerts.exporter import Exporter, LeaderRole, Snapshot
 from alerts.leadership import Leadership
 from alerts.model import Alert
-from alerts.notifier import Notifier, redact_url
+from alerts.notifier import Notifier, NotifierCounters, redact_url
 from vigil.cli_options import add_config_option, add_listen_option, add_prometheus_url_option
 from vigil.cli_options import parse_listen as _parse_host_port
 from vigil.clock import Clock, system_clock
@@ -442,23 +442,39 @@ class Server:
             self._lease_error = ""
         lead = self.leadership
         turn = await loop.run_in_executor(self._lease_thread, lead.tick)
-        if turn.kind == "lost":
-            self._drop_notifier()
-        elif turn.kind == "became":
-            self._drop_notifier()
-            try:
-                # The notifier picks up the groups and unacknowledged notifications where
-                # the previous leader left them (the shared notification log and outbox).
-                self.notifier = await loop.run_in_executor(
-                    self._lease_thread, lambda: Notifier(
-                        self.config, self.config.outbox_target(), clock=self.clock,
-                        fence=lead.fence()))
-            except StoreError as exc:
-                lead.step_down(f"could not open the shared outbox: {exc}")
-                await loop.run_in_executor(self._lease_thread, lead.release)
-            else:
-                log.warning("%s: delivering alerts from now on", lead.describe())
+        # A term this copy leads in without a notifier (building it failed before): build it.
+        rebuild = turn.kind == "kept" and self.notifier is None
+        if turn.kind in ("lost", "became") or rebuild:
+            # Under the delivery lock: a delivery round under way ends before its notifier
+            # is closed or replaced.
+            async with self._deliver_lock:
+                self._drop_notifier()
+                if turn.kind != "lost":
+                    await self._take_lead(lead, turn.term)
         self._publish()
+
+    async def _take_lead(self, lead: Leadership, term: int) -> None:
+        """Build the notifier of term ``term``: it picks up the groups and unacknowledged
+        notifications where the previous leader left them (the shared notification log and
+        outbox). A copy that cannot gives the term up at once, so that another can lead."""
+        loop = asyncio.get_running_loop()
+        # An attempt must end before the lease can pass: no stored timeout may exceed half of
+        # it (the config check holds the routes' own to that already).
+        cap = self.config.serve.lease_duration / 2
+        try:
+            self.notifier = await loop.run_in_executor(
+                self._lease_thread, lambda: Notifier(
+                    self.config, self.config.outbox_target(), clock=self.clock,
+                    fence=lead.fence(), max_timeout=cap))
+        except Exception as exc:
+            if isinstance(exc, StoreError):
+                log.error("cannot deliver: the shared outbox cannot be opened: %s", exc)
+            else:
+                log.exception("cannot deliver: building the notifier failed")
+            lead.step_down(f"could not open the shared outbox: {exc}")
+            await loop.run_in_executor(self._lease_thread, lead.release, term)
+        else:
+            log.warning("%s: delivering alerts from now on", lead.describe())
 
     async def evaluate_once(self) -> list[Alert]:
         """One evaluation: status, conditions, notifier, exporter; returns the alerts."""
@@ -500,12 +516,17 @@ class Server:
         self.alerts = [a for a in alerts if a.firing]
         self._last = result
         self.evaluations += 1
-        if self._acting():
-            assert self.notifier is not None
-            try:
-                self.notifier.process(now, alerts)
-            except LeaseLost as exc:
-                self._lost(exc)
+        async with self._deliver_lock:
+            if self._acting():
+                assert self.notifier is not None
+                try:
+                    self.notifier.process(now, alerts)
+                except LeaseLost as exc:
+                    self._lost(exc)
+                except StoreError as exc:
+                    # The outbox's database is away: the grouping state is unchanged, and the
+                    # next evaluation queues what is due then.
+                    log.error("alert notifications not queued: %s", exc)
         self._publish()
         await self.deliver_once()
         return alerts
@@ -535,7 +556,20 @@ class Server:
                 await notifier.deliver_due(now)
             except LeaseLost as exc:
                 self._lost(exc)
+            except StoreError as exc:
+                log.error("alert delivery round failed: %s", exc)
         self._publish()
+
+    def _counters(self) -> NotifierCounters | None:
+        """The notifier's counters, or None while there is no notifier or its outbox cannot
+        be read (the exporter then leaves the outbox's series out)."""
+        if self.notifier is None:
+            return None
+        try:
+            return self.notifier.counters(self.clock())
+        except StoreError as exc:
+            log.warning("outbox counters not read: %s", exc)
+            return None
 
     def _publish(self) -> None:
         r = self._last
@@ -550,7 +584,7 @@ class Server:
         self.exporter.update(Snapshot(
             status=r.status if r else None,
             alerts=tuple(self.alerts),
-            counters=self.notifier.counters(self.clock()) if self.notifier else None,
+            counters=self._counters(),
             leadership=role,
             evaluation_ok=(None if not (self.evaluations or self.failures)
                            else not self.last_error),
@@ -714,8 +748,13 @@ def run(args: argparse.Namespace) -> int:
     listen = parse_listen(args.listen, allow_remote=args.allow_remote)
     url = (getattr(args, "prometheus_url", None) or config.engine.prometheus_url).rstrip("/")
     if url:
+        from vigil.storage.database import url_password
+
         try:
             check_http_url(url)
+            if url_password(url):
+                raise ValueError("the URL carries a password; give it in [engine.http] "
+                                 "basic_auth (password_file or password_env)")
         except ValueError as exc:
             raise ConfigError(f"--prometheus-url: {exc}") from None
     elif not config.targets and not config.discovery:

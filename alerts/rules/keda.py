@@ -177,10 +177,10 @@ def _auth(config: Config) -> _Auth:
         notes.append("[engine.http] oauth2: the ScaledObjects carry no OAuth2 settings; give "
                      "KEDA's prometheus trigger its oauth mode by hand")
     if http.header_files:
-        first, *rest = http.header_files
+        _first, *rest = http.header_files
         if modes:
-            notes.append(f"[engine.http] header_files {first}: KEDA sends one credential per "
-                         "trigger; the header is left out")
+            notes += [f"[engine.http] header_files {name}: KEDA sends one credential per "
+                      "trigger; the header is left out" for name in http.header_files]
         else:
             modes.append("custom")
             params += ["customAuthHeader", "customAuthValue"]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from requests.auth import AuthBase, _basic_auth_str
 from vigil.config import HttpClientConfig
 from vigil.errors import SourceError
 
-__all__ = ["build_session", "describe", "mount_tls", "thanos_params"]
+__all__ = ["build_session", "describe", "forget_token", "mount_tls", "thanos_params"]
 
 #: An OAuth2 token is fetched again this long before it expires (seconds), so that a request
 #: never carries one that runs out on its way.
@@ -41,18 +40,30 @@ def _path(name: str, base_dir: Path | None) -> Path:
     return p if p.is_absolute() or base_dir is None else base_dir / p
 
 
+def _checked(value: str, what: str, where: str, url: str) -> str:
+    """``value``, refused when a header could not carry it: a line break or another control
+    character inside would otherwise surface in the HTTP library's own error, secret and
+    all."""
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise SourceError(f"{what} from {where} holds a line break or another control "
+                          "character, which no HTTP header can carry", url=url)
+    return value
+
+
 def _read_secret(name: str, base_dir: Path | None, what: str, url: str) -> str:
     """The contents of the file ``name`` without surrounding white space; ``SourceError``
-    naming the file (never its contents) when it cannot be read or is empty."""
+    naming the file (never its contents) when it cannot be read, is empty or holds what a
+    header cannot carry."""
     path = _path(name, base_dir)
     try:
         value = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise SourceError(f"cannot read {what} from {path}: {exc.strerror or exc}",
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise SourceError(f"cannot read {what} from {path}: {reason or exc}",
                           url=url) from None
     if not value:
         raise SourceError(f"{what} file {path} is empty", url=url)
-    return value
+    return _checked(value, what, str(path), url)
 
 
 def _env_secret(name: str, what: str, url: str) -> str:
@@ -60,7 +71,7 @@ def _env_secret(name: str, what: str, url: str) -> str:
     if not value:
         raise SourceError(f"{what}: the environment variable {name} is not set or empty",
                           url=url)
-    return value
+    return _checked(value, what, f"${name}", url)
 
 
 class _Credentials(AuthBase):
@@ -72,6 +83,15 @@ class _Credentials(AuthBase):
         self.url = url
         self._token: tuple[str, float] | None = None  # (OAuth2 access token, expires at)
         self._lock = threading.Lock()
+        # The token endpoint is reached the way the API is (proxy, CA, client certificate),
+        # without the API's credential.
+        self._token_session: requests.Session | None = None
+
+    def forget_token(self) -> None:
+        """Drop the cached OAuth2 token (the server refused it: revoked, or the secret
+        rotated); the next request fetches another."""
+        with self._lock:
+            self._token = None
 
     def __repr__(self) -> str:
         return "<secret>"
@@ -115,12 +135,14 @@ class _Credentials(AuthBase):
             form = {"grant_type": "client_credentials", **o.endpoint_params}
             if o.scopes:
                 form["scope"] = " ".join(o.scopes)
+            if self._token_session is None:
+                self._token_session = _session(self.cfg, self.base_dir)
             try:
                 # Client authentication in the Authorization header (RFC 6749 2.3.1), as
                 # Prometheus's oauth2 client sends it first.
-                answer = requests.post(o.token_url, data=form, timeout=self.cfg.timeout,
-                                       auth=(o.client_id, secret),
-                                       verify=_verify(self.cfg, self.base_dir))
+                answer = self._token_session.post(o.token_url, data=form,
+                                                  timeout=self.cfg.timeout,
+                                                  auth=(o.client_id, secret))
             except requests.RequestException as exc:
                 raise SourceError(f"cannot get an OAuth2 token from {o.token_url}: "
                                   f"{type(exc).__name__}", url=self.url) from None
@@ -129,7 +151,8 @@ class _Credentials(AuthBase):
                                   f"{o.client_id!r}: HTTP {answer.status_code}", url=self.url)
             try:
                 body = answer.json()
-                token = str(body["access_token"])
+                token = _checked(str(body["access_token"]), "the OAuth2 access token",
+                                 o.token_url, self.url)
                 lifetime = float(body.get("expires_in", 3600))
             except (ValueError, KeyError, TypeError):
                 raise SourceError(f"the OAuth2 token endpoint {o.token_url} answered no "
@@ -146,11 +169,24 @@ def _verify(cfg: HttpClientConfig, base_dir: Path | None) -> bool | str:
     return True
 
 
-def build_session(cfg: HttpClientConfig, url: str, *,
-                  base_dir: Path | None = None) -> requests.Session:
-    """The session every request to ``url`` goes through, configured by ``cfg`` (relative
-    files are relative to ``base_dir``, the config file's folder)."""
-    session = requests.Session()
+class _Session(requests.Session):
+    """A session that drops the secret headers of ``header_files`` on a redirect to another
+    host, as requests drops ``Authorization`` (it knows nothing of the others)."""
+
+    secret_headers: tuple[str, ...] = ()
+
+    def rebuild_auth(self, prepared_request: requests.PreparedRequest,
+                     response: requests.Response) -> None:
+        url = prepared_request.url or ""
+        if self.secret_headers and self.should_strip_auth(response.request.url or "", url):
+            for name in self.secret_headers:
+                prepared_request.headers.pop(name, None)
+        super().rebuild_auth(prepared_request, response)
+
+
+def _session(cfg: HttpClientConfig, base_dir: Path | None) -> _Session:
+    """A session with ``cfg``'s proxy, headers and TLS, and no credential."""
+    session = _Session()
     # Only what the config says: no proxy or CA bundle picked up from the environment unless
     # asked for (as the collector's scraper does).
     session.trust_env = cfg.proxy_from_environment
@@ -161,9 +197,24 @@ def build_session(cfg: HttpClientConfig, url: str, *,
     if cfg.tls.cert_file:
         session.cert = (str(_path(cfg.tls.cert_file, base_dir)),
                         str(_path(cfg.tls.key_file, base_dir)))
+    return session
+
+
+def build_session(cfg: HttpClientConfig, url: str, *,
+                  base_dir: Path | None = None) -> requests.Session:
+    """The session every request to ``url`` goes through, configured by ``cfg`` (relative
+    files are relative to ``base_dir``, the config file's folder)."""
+    session = _session(cfg, base_dir)
+    session.secret_headers = tuple(cfg.header_files)
     if cfg.bearer_token_file or cfg.basic_auth or cfg.oauth2 or cfg.header_files:
         session.auth = _Credentials(cfg, base_dir, url)
     return session
+
+
+def forget_token(session: requests.Session) -> None:
+    """After a refused answer: drop a cached OAuth2 token, so the next request fetches one."""
+    if isinstance(session.auth, _Credentials):
+        session.auth.forget_token()
 
 
 class _ServerNameAdapter(HTTPAdapter):
@@ -225,13 +276,3 @@ def describe(cfg: HttpClientConfig, base_dir: Path | None = None) -> str:
         text = ", ".join(f"{k}: {tenant[k]}" if k in tenant else k for k in named)
         parts.append(f"headers {text}")
     return ", ".join(parts)
-
-
-def response_facts(response: requests.Response) -> Mapping[str, str]:
-    """What a refused answer says beyond its status, for the message."""
-    facts: dict[str, str] = {}
-    for header in ("Retry-After", "WWW-Authenticate", "Content-Type"):
-        value = response.headers.get(header)
-        if value:
-            facts[header] = value
-    return facts

@@ -39,9 +39,13 @@ def open_source(config: Config, config_file: str, *, prometheus_url: str = "",
                 raise
             raise ConfigError("the Prometheus source (slo.sources.prometheus) is not installed yet",
                               file=config_file, key="engine.prometheus_url") from None
-        source = PrometheusSource(url, semantics="3" if sem == "auto" else sem,
-                                  lookback_s=config.engine.lookback, http=config.engine.http,
-                                  base_dir=config.config_dir())
+        try:
+            source = PrometheusSource(url, semantics="3" if sem == "auto" else sem,
+                                      lookback_s=config.engine.lookback,
+                                      http=config.engine.http, base_dir=config.config_dir())
+        except ValueError as exc:  # a URL it cannot use (with a password, say)
+            raise ConfigError(f"--prometheus-url or [engine] prometheus_url: {exc}",
+                              file=config_file, key="engine.prometheus_url") from None
         if sem == "auto":
             # Follow the server: its own PromQL rules decide what it answers.
             detected = source.server_semantics()

@@ -81,7 +81,13 @@ from slo.promql.tracks import Grid, Track
 # One definition of the (le, count) regrouping for both sources: the same `le` parsing and
 # the same skipping of a malformed `le` (histogram_quantile's rule).
 from slo.sources.embedded import _le_groups, _le_track_groups
-from slo.sources.http_client import build_session, describe, mount_tls, thanos_params
+from slo.sources.http_client import (
+    build_session,
+    describe,
+    forget_token,
+    mount_tls,
+    thanos_params,
+)
 from slo.sources.protocol import BucketTracks, LeChoice, Matchers, Tracks
 from vigil.config import HttpClientConfig
 from vigil.conventions import LABEL_LE, SOURCE_PROMETHEUS, SUFFIX_BUCKET
@@ -204,6 +210,12 @@ class PrometheusSource:
         timeout_s = http.timeout if timeout_s is None else timeout_s
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"the Prometheus URL must start with http:// or https://: {url!r}")
+        from vigil.storage.database import url_password
+
+        if url_password(url):
+            # Every message names the URL: a password in it would be in all of them.
+            raise ValueError("the Prometheus URL carries a password: give it in [engine.http] "
+                             "basic_auth (password_file or password_env) instead")
         if lookback_s <= 0 or not math.isfinite(lookback_s):
             raise ValueError(f"lookback_s must be a positive number of seconds, not {lookback_s!r}")
         if timeout_s <= 0 or not math.isfinite(timeout_s):
@@ -220,8 +232,9 @@ class PrometheusSource:
         # and a refused answer's headers are read here, from every response it receives.
         session.hooks["response"].append(self._observe)
         self._session = session
+        # Per thread: the response a call got, and the warnings of the evaluation running on
+        # that thread (the dashboard's sessions share one source).
         self._seen = threading.local()
-        self._warnings: list[str] = []
         # The library's default retries 3 times with backoff on 5xx and refused
         # connections: seconds of waiting before a dead server is reported. read=False:
         # urllib3 re-raises a read timeout as such (not as "max retries exceeded").
@@ -238,6 +251,8 @@ class PrometheusSource:
     def _observe(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
         """Every answer: keep a refused one's facts for the message, collect warnings."""
         self._seen.response = response
+        if response.status_code in (401, 403):
+            forget_token(self._session)  # a revoked or rotated OAuth2 token: fetch another
         if response.status_code != 200:
             return
         # Prometheus writes `warnings` after `data`: parse again only when they are there.
@@ -246,14 +261,22 @@ class PrometheusSource:
                 body = response.json()
             except ValueError:
                 return
+            seen = self._thread_warnings()
             for w in (body.get("warnings") or []) + (body.get("infos") or []):
-                if isinstance(w, str) and w not in self._warnings:
-                    self._warnings.append(w)
+                if isinstance(w, str) and w not in seen:
+                    seen.append(w)
+
+    def _thread_warnings(self) -> list[str]:
+        found: list[str] | None = getattr(self._seen, "warnings", None)
+        if found is None:
+            found = self._seen.warnings = []
+        return found
 
     def take_warnings(self) -> list[str]:
-        """The API's warnings since the last call (a partial answer, a truncated result),
-        each once; cleared."""
-        out, self._warnings = self._warnings, []
+        """The API's warnings to this thread's queries since its last call (a partial
+        answer, a truncated result), each once; cleared."""
+        out = self._thread_warnings()
+        self._seen.warnings = []
         return out
 
     def credential(self) -> str:
@@ -408,9 +431,11 @@ class PrometheusSource:
             asked = f"; the server asks for {asks.split(' ', 1)[0]}" if asks else ""
             return (f"{text}: the server refused the credential (sent {self.credential()})"
                     f"{asked}; check [engine.http]")
-        wait = response.headers.get("Retry-After", "")
+        wait = response.headers.get("Retry-After", "").strip()
         if status in (429, 503) and wait:
-            return f"{text}; the server asks to wait {wait} s before asking again (Retry-After)"
+            # Seconds, or an HTTP date (RFC 9110 10.2.3).
+            when = f"{wait} s" if wait.isdigit() else f"until {wait}"
+            return f"{text}; the server asks to wait {when} before asking again (Retry-After)"
         return text + _limit_hint(text)
 
     def _tracks(self, expr: str, grid: Grid) -> dict[Labels, Track]:

@@ -147,7 +147,14 @@ class EngineConfig(Section):
     @field_validator("prometheus_url")
     @classmethod
     def _url(cls, v: str) -> str:
-        return check_http_url(v).rstrip("/") if v else v
+        if not v:
+            return v
+        from vigil.storage.database import url_password
+
+        if url_password(v):
+            raise ValueError("the URL carries a password; give it in [engine.http] basic_auth "
+                             "(password_file or password_env), so this file holds no secret")
+        return check_http_url(v).rstrip("/")
 
 
 

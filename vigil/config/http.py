@@ -55,6 +55,10 @@ class OAuth2Config(Section):
     @field_validator("token_url")
     @classmethod
     def _url(cls, v: str) -> str:
+        from vigil.storage.database import url_password
+
+        if url_password(v):
+            raise ValueError("the token URL carries a password; this file must hold no secret")
         return check_http_url(v)
 
     @model_validator(mode="after")
@@ -124,9 +128,9 @@ class HttpClientConfig(Section):
             if not re.fullmatch(_HEADER_NAME, name):
                 raise ValueError(f"{name!r} is not an HTTP header name")
             if name.lower() in _CREDENTIAL_HEADERS:
-                raise ValueError(f"{name}: a credential does not go in headers (the file would "
-                                 "hold a secret): use bearer_token_file, basic_auth, oauth2 or "
-                                 "header_files")
+                raise ValueError(f"{name}: set the credential with bearer_token_file, "
+                                 "basic_auth or oauth2, which requests authenticate with "
+                                 "(and never in headers, which would put a secret in the file)")
         return v
 
     @field_validator("proxy_url")
