@@ -29,7 +29,7 @@ from slo.objectives.sli import (
     vllm_matchers,
     vllm_up_matchers,
 )
-from slo.objectives.spec import effective_slos
+from slo.objectives.spec import SloSpec, effective_slos
 from slo.planning.pool_profile import pool_capacity
 from slo.promql.aggregate import sum_by
 from slo.promql.lookup import SemanticsLike
@@ -214,11 +214,12 @@ def evaluate(
     pools = {p.name: pool_status(config, source, p, at_s, w, request_log=request_log,
                                  quantile_source=quantile_source)
              for p in config.pools}
+    specs = effective_slos(config)
     slos = [
         evaluate_slo(
             spec, source, at_s, alerts, current_window_s=w, request_log=request_log
         ).to_dict()
-        for spec in effective_slos(config)
+        for spec in specs
     ]
     _explain_missing_inputs(slos, source)
     anomalies = [
@@ -236,8 +237,25 @@ def evaluate(
     })
     # What the server said beside its answers (a Thanos store that did not answer, a result
     # cut by a limit): the figures above may come from part of the data. Absent when none.
+    short = _short_retention(source, specs)  # first: what asking it warned is taken below
     take_warnings = getattr(source, "take_warnings", None)
-    warnings = take_warnings() if callable(take_warnings) else []
+    warnings = list(take_warnings()) if callable(take_warnings) else []
+    warnings += short
     if warnings:
-        status["warnings"] = list(warnings)
+        status["warnings"] = warnings
     return status
+
+
+def _short_retention(source: Source, specs: list[SloSpec]) -> list[str]:
+    """A warning per SLO whose budget period reaches back past what the server keeps: its
+    budget and period burn rate are computed from the retained part only, and look better
+    than they are once a bad stretch has fallen out."""
+    retention_of = getattr(source, "retention_s", None)
+    retention = retention_of() if callable(retention_of) else None
+    if retention is None:
+        return []
+    return [f"the server keeps {format_duration(retention)} of samples, less than the "
+            f"{format_duration(spec.period_s)} period of SLO {spec.name}: its budget is "
+            "computed from the retained part only (raise the retention, or let the server "
+            "evaluate Vigil's recording rules)"
+            for spec in specs if retention < spec.period_s]

@@ -235,6 +235,8 @@ class PrometheusSource:
         # Per thread: the response a call got, and the warnings of the evaluation running on
         # that thread (the dashboard's sessions share one source).
         self._seen = threading.local()
+        self._retention: float | None = None
+        self._retention_known = False
         # The library's default retries 3 times with backoff on 5xx and refused
         # connections: seconds of waiting before a dead server is reported. read=False:
         # urllib3 re-raises a read timeout as such (not as "max retries exceeded").
@@ -278,6 +280,33 @@ class PrometheusSource:
         out = self._thread_warnings()
         self._seen.warnings = []
         return out
+
+    def retention_s(self) -> float | None:
+        """How far back the server keeps samples (seconds), from the time part of
+        ``storageRetention`` in ``/api/v1/status/runtimeinfo`` (``"15d"``, ``"15d or
+        10GiB"``); None when it does not say (Thanos, Mimir and VictoriaMetrics answer
+        otherwise, or a size-only retention). Asked once per source: it changes only when the
+        server restarts."""
+        if self._retention_known:
+            return self._retention
+        from vigil.durations import parse_duration
+
+        found: float | None = None
+        try:
+            response = self._session.get(f"{self.url}/api/v1/status/runtimeinfo",
+                                         timeout=self.timeout_s)
+            if response.status_code == 200:
+                text = str(response.json()["data"]["storageRetention"])
+                for part in text.split(" or "):
+                    try:
+                        found = parse_duration(part.strip())
+                        break
+                    except ValueError:
+                        continue  # the size part ("10GiB")
+        except (requests.RequestException, ValueError, KeyError, TypeError):
+            found = None
+        self._retention, self._retention_known = found, True
+        return found
 
     def credential(self) -> str:
         """Which credential the requests carry, never its value (``http_client.describe``)."""

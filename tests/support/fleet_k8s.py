@@ -88,7 +88,9 @@ def live_prometheus(workdir: Path, config_text: str) -> Iterator[PrometheusServe
     prometheus, _ = require_prometheus()
     data = workdir / "prom-data"
     data.mkdir()
-    server = start_prometheus(prometheus, workdir, config_text, data)
+    # A retention that covers the 30-day SLO periods, as a deployment for them must keep.
+    server = start_prometheus(prometheus, workdir, config_text, data,
+                              "--storage.tsdb.retention.time=100y")
     try:
         server.wait_ready()
         yield server

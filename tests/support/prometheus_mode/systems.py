@@ -131,7 +131,9 @@ def scraping_prometheus(workdir: Path, rules_dir: Path) -> Iterator[PrometheusSe
     config = ("rule_files:\n"
               f"- {json.dumps(str(rules_dir / FILE_SLO_RULES))}\n"
               f"- {json.dumps(str(rules_dir / FILE_ALERT_RULES))}\n" + scrape)
-    server = start_prometheus(prometheus, workdir, config, workdir / "data")
+    # A retention that covers the 30-day SLO periods, as a deployment for them must keep.
+    server = start_prometheus(prometheus, workdir, config, workdir / "data",
+                              "--storage.tsdb.retention.time=100y")
     try:
         server.wait_ready()
         yield server
