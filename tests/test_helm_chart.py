@@ -398,7 +398,7 @@ PROMETHEUS = {"engine": {"prometheus_url": "http://prometheus.monitoring.svc:909
      ["config.engine.prometheus_url", "proxy"]),
     ({"config": {"alerts": {"routes": [{
         "name": "slack", "format": "slack",
-        "url": "https://hooks.slack.com/services/T000/B000/XXXXXXXX"}]}}},
+        "url": "https://hooks.slack.com/services/T000/B000/0a1b2c3d4e5f"}]}}},
      ["config.alerts.routes[0].url", "Slack", "alertmanager_api", "api_url_file"]),
     ({"config": {"alerts": {"routes": [{
         "name": "bot", "url": "https://bot.example.com/hook?token=abc123"}]}}},

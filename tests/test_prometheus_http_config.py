@@ -240,7 +240,7 @@ def test_secret_headers_do_not_follow_a_redirect_to_another_host(tmp_path: Path)
                 self.end_headers()
 
             def log_message(self, *args: object) -> None:
-                pass
+                """No access log on stderr: the test reads what arrives at the other host."""
 
         a = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
         threading.Thread(target=a.serve_forever, daemon=True).start()

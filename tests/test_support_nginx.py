@@ -317,7 +317,7 @@ def test_a_start_failure_reports_the_error_log(tmp_path: Path) -> None:
     with pytest.raises(NginxError, match="cannot load certificate"), \
             run_nginx(tmp_path, [Site("s", canned=TOO_MANY_REQUESTS, cert=missing)],
                       attempts=1):
-        pass
+        pytest.fail("nginx started with a certificate that does not exist")
 
 
 def test_the_ca_makes_server_and_client_certificates(ca: CA, tmp_path: Path) -> None:

@@ -748,13 +748,10 @@ def run(args: argparse.Namespace) -> int:
     listen = parse_listen(args.listen, allow_remote=args.allow_remote)
     url = (getattr(args, "prometheus_url", None) or config.engine.prometheus_url).rstrip("/")
     if url:
-        from vigil.storage.database import url_password
+        from vigil.config.base import USE_BASIC_AUTH, refuse_password
 
         try:
-            check_http_url(url)
-            if url_password(url):
-                raise ValueError("the URL carries a password; give it in [engine.http] "
-                                 "basic_auth (password_file or password_env)")
+            check_http_url(refuse_password(url, "the URL", USE_BASIC_AUTH))
         except ValueError as exc:
             raise ConfigError(f"--prometheus-url: {exc}") from None
     elif not config.targets and not config.discovery:

@@ -299,7 +299,7 @@ def _flow_json(value: Any) -> str:
     """``value`` as one line of JSON, which YAML reads as the same tree (JSON is a subset of
     YAML 1.2, and the escapes keep it within what go-yaml v2 reads as YAML 1.1)."""
     text = json.dumps(value, ensure_ascii=False, sort_keys=True, allow_nan=False)
-    # Every unsafe character is in the Basic Multilingual Plane: one \uXXXX escape each.
+    # Every unsafe character is in the Basic Multilingual Plane: one four-digit \u escape each.
     return _YAML_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 

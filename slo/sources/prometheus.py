@@ -90,6 +90,7 @@ from slo.sources.http_client import (
 )
 from slo.sources.protocol import BucketTracks, LeChoice, Matchers, Tracks
 from vigil.config import HttpClientConfig
+from vigil.config.base import USE_BASIC_AUTH, refuse_password
 from vigil.conventions import LABEL_LE, SOURCE_PROMETHEUS, SUFFIX_BUCKET
 from vigil.errors import SourceError
 from vigil.model import Labels, Point, labels_of
@@ -210,12 +211,7 @@ class PrometheusSource:
         timeout_s = http.timeout if timeout_s is None else timeout_s
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"the Prometheus URL must start with http:// or https://: {url!r}")
-        from vigil.storage.database import url_password
-
-        if url_password(url):
-            # Every message names the URL: a password in it would be in all of them.
-            raise ValueError("the Prometheus URL carries a password: give it in [engine.http] "
-                             "basic_auth (password_file or password_env) instead")
+        refuse_password(url, "the Prometheus URL", USE_BASIC_AUTH)
         if lookback_s <= 0 or not math.isfinite(lookback_s):
             raise ValueError(f"lookback_s must be a positive number of seconds, not {lookback_s!r}")
         if timeout_s <= 0 or not math.isfinite(timeout_s):

@@ -742,7 +742,7 @@ def run_nginx(workdir: Path, sites: Sequence[Site], *, ca: CA | None = None,
               keep_files: bool = True) -> Iterator[NginxFront]:
     """Start nginx serving ``sites`` and yield the ``NginxFront``; stopped when the block ends.
 
-    ``workdir``: nginx's folder is made inside it (``nginx-XXXX``; kept for reading the logs
+    ``workdir``: nginx's folder is made inside it (``nginx-`` and a random suffix; kept for the logs
     after a failure unless ``keep_files`` is false). ``ca``: the CA of the default server
     certificate and of client-certificate checks (a fresh one in that folder when None and a
     site needs it). ``bearer_tokens``: the tokens the bearer sites accept at first.

@@ -32,6 +32,21 @@ def check_http_url(v: str) -> str:
     return v
 
 
+#: What to do instead of a password in an http(s) URL of a Prometheus-compatible API.
+USE_BASIC_AUTH = "give it in [engine.http] basic_auth (password_file or password_env)"
+
+
+def refuse_password(url: str, what: str, instead: str) -> str:
+    """``url`` unless it carries a password (in its user part or a ``password=`` parameter),
+    else ``ValueError`` saying ``what`` and ``instead``: the config holds no secret, and every
+    message naming the URL would show it."""
+    from vigil.storage.database import url_password
+
+    if url_password(url):
+        raise ValueError(f"{what} carries a password; {instead}")
+    return url
+
+
 #: Seconds; accepts "15s", "5m", "48h", "35d" or a plain number of seconds.
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 Ratio = Annotated[float, Field(ge=0.0, le=1.0)]

@@ -14,7 +14,14 @@ from pydantic import (
     model_validator,
 )
 
-from vigil.config.base import Duration, Ratio, Section, check_http_url
+from vigil.config.base import (
+    USE_BASIC_AUTH,
+    Duration,
+    Ratio,
+    Section,
+    check_http_url,
+    refuse_password,
+)
 from vigil.config.http import HttpClientConfig
 
 
@@ -149,12 +156,7 @@ class EngineConfig(Section):
     def _url(cls, v: str) -> str:
         if not v:
             return v
-        from vigil.storage.database import url_password
-
-        if url_password(v):
-            raise ValueError("the URL carries a password; give it in [engine.http] basic_auth "
-                             "(password_file or password_env), so this file holds no secret")
-        return check_http_url(v).rstrip("/")
+        return check_http_url(refuse_password(v, "the URL", USE_BASIC_AUTH)).rstrip("/")
 
 
 

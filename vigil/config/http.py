@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
-from vigil.config.base import Duration, Section, check_http_url
+from vigil.config.base import Duration, Section, check_http_url, refuse_password
 
 __all__ = ["BasicAuthConfig", "HttpClientConfig", "OAuth2Config", "TlsConfig"]
 
@@ -55,11 +55,8 @@ class OAuth2Config(Section):
     @field_validator("token_url")
     @classmethod
     def _url(cls, v: str) -> str:
-        from vigil.storage.database import url_password
-
-        if url_password(v):
-            raise ValueError("the token URL carries a password; this file must hold no secret")
-        return check_http_url(v)
+        return check_http_url(refuse_password(v, "the token URL",
+                                              "this file must hold no secret"))
 
     @model_validator(mode="after")
     def _one_source(self) -> OAuth2Config:
@@ -137,12 +134,8 @@ class HttpClientConfig(Section):
     @classmethod
     def _proxy(cls, v: str) -> str:
         if v:
-            check_http_url(v)
-            from vigil.storage.database import url_password
-
-            if url_password(v):
-                raise ValueError("the proxy URL carries a password; this file must hold no "
-                                 "secret (use proxy_from_environment and HTTPS_PROXY)")
+            check_http_url(refuse_password(v, "the proxy URL", "this file must hold no secret "
+                                              "(use proxy_from_environment and HTTPS_PROXY)"))
         return v
 
     @model_validator(mode="after")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from vigil.config.base import Duration, Section
+from vigil.config.base import Duration, Section, refuse_password
 
 
 class ServeConfig(Section):
@@ -31,9 +31,6 @@ class ServeConfig(Section):
 
     @model_validator(mode="after")
     def _no_password(self) -> ServeConfig:
-        from vigil.storage.database import url_password
-
-        if self.database and url_password(self.database):
-            raise ValueError("database: the URL carries a password; put it in PGPASSWORD or "
-                             "~/.pgpass (libpq reads both) so it never sits in the config")
+        refuse_password(self.database, "database: the URL", "put it in PGPASSWORD or ~/.pgpass "
+                        "(libpq reads both) so it never sits in the config")
         return self
