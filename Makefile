@@ -29,7 +29,7 @@ PARALLEL := -n $(WORKERS) --dist loadscope
 # vfs store) is removed while the serial part runs.
 VLLM_VENV_LOG := .venv-vllm.log
 
-test: venv prometheus alertmanager chromium postgresql buildah mmdebstrap nginx
+test: venv prometheus alertmanager chromium postgresql buildah mmdebstrap nginx victoria-metrics
 	@$(MAKE) --no-print-directory vllm-venv > $(VLLM_VENV_LOG) 2>&1 & vllm=$$!; \
 	images=$$(mktemp -d /var/tmp/vigil-image-test.XXXXXX); \
 	$(MAKE) --no-print-directory image-test-build IMAGE_TEST_DIR=$$images > /dev/null 2>&1 & \
@@ -140,6 +140,20 @@ nginx:
 			echo "disabling the nginx.service the package enabled (tests start their own on loopback)"; \
 			$(SUDO) systemctl disable --now nginx 2>/dev/null || true; \
 		else $(SUDO) service nginx stop 2>/dev/null || true; fi; }
+
+# The rules' MetricsQL is measured against a real single-node VictoriaMetrics, with vmalert
+# (replay) and vmauth in front (Debian's victoria-metrics package holds all three;
+# tests/support/victoria.py starts its own on loopback), so the service the package starts is
+# stopped.
+.PHONY: victoria-metrics
+victoria-metrics:
+	@[ -x /usr/bin/victoria-metrics ] || { \
+		echo "victoria-metrics not found: installing Debian's victoria-metrics package"; \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends victoria-metrics; \
+		if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
+			echo "disabling the victoria-metrics.service the package enabled (tests start their own on loopback)"; \
+			$(SUDO) systemctl disable --now victoria-metrics 2>/dev/null || true; \
+		else $(SUDO) service victoria-metrics stop 2>/dev/null || true; fi; }
 
 # The dashboard's browser test drives Debian's Chromium headless (never a downloaded browser).
 chromium:

@@ -63,6 +63,7 @@ from vigil.conventions import (
     METRIC_SERVE_LEADER_CHANGES,
     METRIC_SERVE_LEASE_TERM,
     METRIC_SLI_ERROR_RATIO,
+    METRIC_SLO_RECORDED,
     METRIC_TARGET_SCRAPE_DURATION,
     METRIC_TARGET_UP,
     SCALING_ACTIONS,
@@ -146,8 +147,13 @@ def _slo_families(status: Mapping[str, Any]) -> Iterator[Metric]:
                     _SLO_LABELS)
     objective = _gauge(METRIC_OBJECTIVE, "SLO objective (ratio of good events, 0-1)",
                        _SLO_LABELS)
+    recorded = _gauge(METRIC_SLO_RECORDED, "1 when the SLO's ratios are the store's recorded "
+                      "series, 0 when computed from raw series", _SLO_LABELS)
+    reading = status.get("recorded_rules") is not None
     for slo in status.get("slos") or []:
         base = [slo.get("name") or "", slo.get("pool") or "", slo.get("model") or ""]
+        if reading:
+            recorded.add_metric(base, 1.0 if slo.get("read") == "recorded" else 0.0)
         windows = slo.get("windows") or {}
         for window, values in windows.items():
             _add(sli, [*base, window], values.get("error_ratio"))
@@ -158,6 +164,8 @@ def _slo_families(status: Mapping[str, Any]) -> Iterator[Metric]:
         _add(budget, base, slo.get("budget_remaining"))
         _add(objective, base, slo.get("objective"))
     yield from (sli, burn, budget, objective)
+    if reading:
+        yield recorded
 
 
 def _pool_families(status: Mapping[str, Any]) -> Iterator[Metric]:

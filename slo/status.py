@@ -19,8 +19,9 @@ from typing import Any
 from collector.vllm_families import families_for_indicator, missing_family_warning
 from slo.cost.pool import pool_cost
 from slo.objectives.anomaly import pool_anomalies
-from slo.objectives.burn_rate import evaluate_slo
+from slo.objectives.burn_rate import burn_windows, evaluate_slo
 from slo.objectives.quantiles import model_quantiles
+from slo.objectives.recorded import QuerySource, RecordedRead, read_recorded
 from slo.objectives.sli import (
     REASON_NO_DATA,
     REASON_NO_REQUEST_DATA,
@@ -35,7 +36,7 @@ from slo.promql.aggregate import sum_by
 from slo.promql.lookup import SemanticsLike
 from slo.scaling.signals import recommend_for_pool
 from slo.sources.embedded import EmbeddedSource, avg_aggregate
-from slo.sources.protocol import RequestLog, Source
+from slo.sources.protocol import RequestLog, Source, is_external
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
     ENDPOINT_ALL,
@@ -46,6 +47,7 @@ from vigil.conventions import (
     VLLM_REQUESTS_WAITING,
 )
 from vigil.durations import format_duration
+from vigil.errors import SourceError
 from vigil.model import Labels
 
 __all__ = ["evaluate", "json_safe", "pool_status", "source_kind"]
@@ -215,9 +217,11 @@ def evaluate(
                                  quantile_source=quantile_source)
              for p in config.pools}
     specs = effective_slos(config)
+    read = _read_recorded(config, source, specs, at_s, request_log)
     slos = [
         evaluate_slo(
-            spec, source, at_s, alerts, current_window_s=w, request_log=request_log
+            spec, source, at_s, alerts, current_window_s=w, request_log=request_log,
+            recorded=None if read is None else read.slos.get(spec.name),
         ).to_dict()
         for spec in specs
     ]
@@ -235,12 +239,16 @@ def evaluate(
         "slos": slos,
         "anomalies": anomalies,
     })
+    if read is not None:
+        status["recorded_rules"] = {"mode": config.engine.recorded_rules,
+                                    "read": sorted(read.slos), "fallback": read.fallback}
     # What the server said beside its answers (a Thanos store that did not answer, a result
     # cut by a limit): the figures above may come from part of the data. Absent when none.
     short = _short_retention(source, specs)  # first: what asking it warned is taken below
     take_warnings = getattr(source, "take_warnings", None)
     warnings = list(take_warnings()) if callable(take_warnings) else []
     warnings += short
+    warnings += _fallback_warnings(read)
     if warnings:
         status["warnings"] = warnings
     return status
@@ -259,3 +267,41 @@ def _short_retention(source: Source, specs: list[SloSpec]) -> list[str]:
             "computed from the retained part only (raise the retention, or let the server "
             "evaluate Vigil's recording rules)"
             for spec in specs if retention < spec.period_s]
+
+
+def _read_recorded(config: Config, source: Source, specs: list[SloSpec], at_s: float,
+                   request_log: RequestLog | None) -> RecordedRead | None:
+    """The store's recorded SLO figures (``slo.objectives.recorded``) for the SLOs the generated
+    rules cover, or ``None``: the embedded store (Vigil's own engine is the one evaluating),
+    or ``[engine] recorded_rules = "off"``. Left out, and computed from raw series as
+    before: per-endpoint SLOs (no rule can express them) and, when the gateway's records
+    exist, availability (exact from the records, where a rule sees 5xx answers only)."""
+    if config.engine.recorded_rules == "off" or not is_external(source) \
+            or not isinstance(source, QuerySource):
+        return None
+    covered = [s for s in specs if s.endpoint == ENDPOINT_ALL and 0.0 < s.objective < 1.0
+               and not (request_log is not None and s.indicator == "availability")]
+    windows = {*burn_windows(config.engine.burn_rate_alerts), config.engine.window}
+    try:
+        return read_recorded(source, covered, at_s, windows_s=windows,
+                             interval_s=config.rules.interval,
+                             period_interval_s=config.rules.period_interval)
+    except SourceError as exc:
+        # A store that refuses this one query (a regex on __name__, say) still answers the
+        # raw ones: the figures come from those, and the status says why.
+        why = f"reading the recorded series failed: {exc.reason}"
+        return RecordedRead({}, {s.name: why for s in covered})
+
+
+def _fallback_warnings(read: RecordedRead | None) -> list[str]:
+    """One warning per reason some SLOs were computed from raw series although the store
+    could have recorded them: their figures may differ from the store's alerts and cost a
+    window of raw samples per evaluation."""
+    if read is None or not read.fallback:
+        return []
+    by_reason: dict[str, list[str]] = {}
+    for name, why in read.fallback.items():
+        by_reason.setdefault(why, []).append(name)
+    return [f"SLO{'s' if len(names) > 1 else ''} {', '.join(sorted(names))} computed from "
+            f"raw series, not the store's recorded ones: {why}"
+            for why, names in by_reason.items()]

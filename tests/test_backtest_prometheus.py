@@ -42,6 +42,10 @@ interval = "30s"
 name = "chat"
 model = "meta-llama/Llama-3.1-8B-Instruct"
 
+[engine]
+# Raw series from both sources: the comparison is of the engine's own arithmetic.
+recorded_rules = "off"
+
 {table}
 [slo_defaults]
 period = "1d"

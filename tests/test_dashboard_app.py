@@ -517,7 +517,7 @@ def test_the_servers_warnings_are_shown(seeded: Path, monkeypatch: pytest.Monkey
                            'promql_semantics = "3"\n\n[collector]'))
         at = run_page(config, monkeypatch, None)
     assert not at.exception
-    warned = [w.value for w in at.warning if "metrics server warned" in w.value]
+    warned = [w.value for w in at.warning if w.value.startswith("**Warning:**")]
     assert warned and "store 10.0.0.3:10901 unreachable" in warned[0]
 
 

@@ -82,7 +82,8 @@ def _config(selector_text: str) -> Config:
             "pools": [{"name": "chat", "model": MODEL, "gpus_per_replica": 2,
                        "selector": selector_text, "dcgm_selector": DCGM_SELECTOR,
                        "replica_label": "pod"}],
-            "engine": {"promql_semantics": "2"},
+            # Raw series on both sides: the comparison is of the engine's own arithmetic.
+            "engine": {"promql_semantics": "2", "recorded_rules": "off"},
             "slos": [
                 {"name": "chat-ttft", "pool": "chat", "indicator": "ttft"},
                 {"name": "chat-e2e", "pool": "chat", "indicator": "e2e"},

@@ -146,7 +146,9 @@ def test_warnings_reach_the_status(api: Any) -> None:
     url, behaviour, _ = api
     behaviour.answer = (200, {**EMPTY, "warnings": [
         "partial response: store 10.0.0.3:10901 did not answer"]})
-    config = parse_config({"pools": [{"name": "chat", "model": "m"}]})
+    # Raw series only: the server's warning alone, not the one about recorded series.
+    config = parse_config({"pools": [{"name": "chat", "model": "m"}],
+                           "engine": {"recorded_rules": "off"}})
     with PrometheusSource(url) as source:
         status = evaluate(config, source, 1e9)
         assert status["warnings"] == ["partial response: store 10.0.0.3:10901 did not answer"]

@@ -84,8 +84,8 @@ from alerts.rules.engine_value import engine_value
 from alerts.rules.pipeline import RulesOptions, generate
 from collector.store import Store
 from serving.sim.testing import running_fleet
-from slo.objectives.burn_rate import evaluate_slo
-from slo.objectives.spec import effective_slos
+from slo.objectives.burn_rate import budget_remaining, burn_rate, evaluate_slo
+from slo.objectives.spec import effective_slos, spec_version
 from slo.sources.embedded import EmbeddedSource
 from slo.sources.prometheus import PrometheusSource, selector
 from vigil.config import Config, load_config
@@ -97,6 +97,7 @@ from vigil.conventions import (
     VLLM_REQUEST_SUCCESS,
     VLLM_TTFT,
 )
+from vigil.durations import parse_duration
 from vigil_shell.cli import build_parser
 
 # Serial: the recorded samples are compared at the instants Prometheus evaluated them, and
@@ -129,6 +130,10 @@ class Run:
     ours: dict[float, dict[str, Any]]
     theirs: dict[float, dict[str, Any]]
     first: tuple[dict[str, int], dict[str, int]]
+    #: ``--prometheus-url`` with the default ``recorded_rules = "auto"``: the SLO ratios the
+    #: store's rules recorded (``theirs`` is ``--recorded-rules off``: raw series, compared
+    #: with the store's own engine).
+    read: dict[float, dict[str, Any]]
 
 
 def _cli(*argv: str) -> int:
@@ -178,7 +183,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             end = start + len(PLAN) * SCHEDULE.cycle_s
             times = [SCHEDULE.eval_time(start, k) for k in EVAL_CYCLES]
             ours = {t: slo_status(config_path, t) for t in times}
-            theirs = {t: slo_status(config_path, t, prom.base_url) for t in times}
+            theirs = {t: slo_status(config_path, t, prom.base_url, "off") for t in times}
+            read = {t: slo_status(config_path, t, prom.base_url) for t in times}
             span = end - min(first) + 60.0
             with Store(config.store_path(), readonly=True) as store, \
                     PrometheusSource(prom.base_url, semantics="2") as remote:
@@ -186,7 +192,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                               read_samples(remote, POOL, end, span), "2",
                               config.engine.lookback)
             yield Run(config_path, config, prom, start, stats, sides, times, ours, theirs,
-                      (first_scrapes(sides.ours), first_scrapes(sides.theirs)))
+                      (first_scrapes(sides.ours), first_scrapes(sides.theirs)), read)
 
 
 # --- the premise ------------------------------------------------------------------------------
@@ -394,6 +400,48 @@ def test_recorded_series_equal_the_engine_at_their_evaluation_instants(run: Run)
                     compared += len(got)
                     absent += not got
     assert compared > 150, (compared, skipped, absent)
+
+
+def _last(series: dict[Any, list[tuple[int, float]]], at_s: float) -> float | None:
+    """A recorded series' value at its last evaluation at or before ``at_s`` (NaN: None)."""
+    pts = [p for points in series.values() for p in points if p[0] <= round(at_s * 1000)]
+    if not pts:
+        return None
+    value = max(pts)[1]
+    return value if math.isfinite(value) else None
+
+
+def test_status_reads_what_prometheus_recorded_when_its_rules_are_current(run: Run) -> None:
+    """With the generated rules running in Prometheus, ``vigil slo status --prometheus-url``
+    reads every SLO's error ratios from the series they recorded: each window's ratio is
+    exactly the rule's sample at its last evaluation before the instant (the same float), and
+    burn rates and the budget follow with the rules' own operations; nothing falls back."""
+    result, recorded = _recorded(run)
+    specs = {s.name: s for s in effective_slos(run.config)}
+    sli_rules = {(r.origin.slo, r.origin.window_s): selector(r.record, r.labels)
+                 for r in result.rules() if r.origin.kind == "sli_error"}
+    compared = 0
+    for t in run.times:
+        status = run.read[t]
+        assert status["recorded_rules"]["fallback"] == {}, status["recorded_rules"]
+        assert status["recorded_rules"]["read"] == sorted(specs)
+        assert "warnings" not in status or not any("raw series" in w
+                                                   for w in status["warnings"])
+        for slo in status["slos"]:
+            spec = specs[slo["name"]]
+            assert slo["read"] == "recorded"
+            assert slo["recorded"]["spec_version"] == spec_version(spec)
+
+            for key, entry in slo["windows"].items():
+                want = _last(recorded[sli_rules[spec.name, parse_duration(key)]], t)
+                assert entry["error_ratio"] == want, (slo["name"], key, t)
+                burn = burn_rate(want, spec.objective)
+                assert entry["burn_rate"] == burn, (slo["name"], key, t)
+                compared += want is not None
+            period = _last(recorded[sli_rules[spec.name, spec.period_s]], t)
+            assert slo["period_error_ratio"] == period
+            assert slo["budget_remaining"] == budget_remaining(period, spec.objective)
+    assert compared > 40, compared
 
 
 def test_error_budget_burn_fires_in_prometheus_when_the_engine_says(run: Run) -> None:

@@ -331,7 +331,7 @@ def test_every_rule_is_unique_and_named_from_conventions(case: str) -> None:
     templates = [c.RULE_SLI_ERROR, c.RULE_QUANTILE, c.RULE_GPU_COST, c.RULE_GPU_COST_PER_1000]
     patterns = [re.escape(t).replace(r"\{window\}", ".+").replace(r"\{signal\}", ".+")
                 .replace(r"\{quantile\}", ".+") for t in templates]
-    fixed = {c.RULE_OBJECTIVE, c.RULE_ERROR_BUDGET, c.RULE_TIME_PERIOD_DAYS,
+    fixed = {c.RULE_OBJECTIVE, c.RULE_ERROR_BUDGET, c.RULE_TIME_PERIOD_DAYS, c.RULE_SPEC_INFO,
              c.RULE_CURRENT_BURN_RATE, c.RULE_PERIOD_BURN_RATE, c.RULE_PERIOD_BUDGET_REMAINING,
              c.RULE_KV_USAGE_AVG, c.RULE_KV_USAGE_MAX, c.RULE_QUEUE_LENGTH}
     for rule in result.rules():
@@ -466,3 +466,20 @@ def test_prometheus_3_rules_expect_the_same_numbers(case: str) -> None:
         for rule in result.rules():
             if rule.record and rule.origin.pool == pool.name:
                 assert v2.recorded(rule) == v3.recorded(rule), rule.record
+
+
+def test_metricsql_rules_spell_each_increase_once_and_fit_victoriametrics_limit() -> None:
+    """``[engine] dialect = "metricsql"``: every increase is a call of the WITH template of
+    its window, defined once per rule, so each rule stays under VictoriaMetrics' default
+    ``-search.maxQueryLen`` (16 KiB); no promtool test file (promtool cannot run MetricsQL)."""
+    config = load_config(GOLDEN / "fleet" / "vigil.toml")
+    engine = config.engine.model_copy(update={"dialect": "metricsql"})
+    result = generate(config.model_copy(update={"engine": engine}))
+    exprs = [r.expr for r in result.rules()]
+    assert not any(re.search(r"\bincrease\(", e) for e in exprs)
+    with_increase = [e for e in exprs if "promql_increase_" in e]
+    assert with_increase and all(e.startswith("WITH (\n") for e in with_increase)
+    assert all(e.count("increase_prometheus(series[") <= 2 * e.count(") = (") for e in exprs)
+    assert max(len(e) for e in exprs) < 16384
+    assert c.FILE_RULES_TEST not in result.files()
+    assert "Written in MetricsQL" in result.files()[c.FILE_SLO_RULES]

@@ -127,13 +127,14 @@ def _engine(rule: Rule, src: PrometheusSource, at: float) -> dict[str, float | N
     o = rule.origin
     if o.slo:
         spec = _spec(o.slo)
-        assert o.window_s is not None or o.kind in ("objective", "error_budget")
+        assert o.window_s is not None or o.kind in ("objective", "error_budget", "spec_info")
         window = spec.period_s if o.kind.startswith("period_") else o.window_s
         ratio = (lambda: error_ratio(spec, src, at, window).error_ratio)  # noqa: E731
         values = {
             "objective": lambda: spec.objective,
             "error_budget": lambda: 1.0 - spec.objective,
             "time_period_days": lambda: spec.period_s / 86400,
+            "spec_info": lambda: 1.0,
             "sli_error": ratio,
             "current_burn_rate": lambda: burn_rate(ratio(), spec.objective),
             "period_burn_rate": lambda: burn_rate(ratio(), spec.objective),

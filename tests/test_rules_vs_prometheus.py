@@ -243,6 +243,7 @@ class Engine:
                 "objective": lambda: spec.objective,
                 "error_budget": lambda: 1.0 - spec.objective,
                 "time_period_days": lambda: spec.period_s / 86400,
+                "spec_info": lambda: 1.0,
                 "sli_error": lambda: self.ratio(spec, at, o.window_s),
                 "current_burn_rate": lambda: burn_rate(self.ratio(spec, at, o.window_s),
                                                        spec.objective),
@@ -343,7 +344,8 @@ def test_the_config_exercises_every_rule_kind() -> None:
     kinds = {r.origin.kind for r in RESULT.rules()}
     assert kinds == {
         "sli_error", "objective", "error_budget", "time_period_days", "current_burn_rate",
-        "period_burn_rate", "period_budget_remaining", "quantile", "kv_avg", "kv_max", "queue",
+        "period_burn_rate", "period_budget_remaining", "spec_info", "quantile", "kv_avg", "kv_max",
+        "queue",
         "gpu_cost", "gpu_cost_per_1000", "burn_alert", "budget_low", "kv_high", "target_down",
         "watchdog", "evaluation_stale",
     }

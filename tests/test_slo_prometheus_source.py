@@ -70,7 +70,8 @@ END_MS = T0_MS + SPAN_MS
 ODD_MODEL = 'org/we"ird\\model {x="1"}'
 POOLS = {"chat": MODEL, "batch": OTHER_MODEL, "odd": ODD_MODEL}
 CONFIG_DATA: dict[str, Any] = {
-    "engine": {"promql_semantics": "2"},
+    # Raw series from both sources: the comparison is of the engine's own arithmetic.
+    "engine": {"promql_semantics": "2", "recorded_rules": "off"},
     "pools": [{"name": p, "model": m, "gpu": "H100", "max_replicas": 4}
               for p, m in POOLS.items()],
 }
@@ -334,7 +335,8 @@ def _cli_args(*argv: str) -> argparse.Namespace:
 
 def _toml_config(folder: Path, prometheus_url: str = "") -> Path:
     # JSON strings are valid TOML basic strings (\" \\ \uXXXX).
-    lines = ['[store]', 'path = "vigil.db"', '[engine]', 'promql_semantics = "2"']
+    lines = ['[store]', 'path = "vigil.db"', '[engine]', 'promql_semantics = "2"',
+             'recorded_rules = "off"']
     if prometheus_url:
         lines.append(f"prometheus_url = {json.dumps(prometheus_url)}")
     for pool in CONFIG_DATA["pools"]:

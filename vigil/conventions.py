@@ -154,6 +154,15 @@ RULE_TIME_PERIOD_DAYS = "slo:time_period:days"
 RULE_CURRENT_BURN_RATE = "slo:current_burn_rate:ratio"
 RULE_PERIOD_BURN_RATE = "slo:period_burn_rate:ratio"
 RULE_PERIOD_BUDGET_REMAINING = "slo:period_error_budget_remaining:ratio"
+#: ``vector(1)`` per SLO, with LABEL_SPEC_VERSION: what the SLO's recorded ratios mean
+#: (``slo.objectives.spec.spec_version``), so a reader knows whether the store's rules are
+#: the ones its config would generate (as Sloth's ``sloth_slo_info`` carries its spec).
+RULE_SPEC_INFO = "slo:spec_info"
+LABEL_SPEC_VERSION = "spec_version"
+#: Bumped whenever the generator changes what a recorded SLI means for the same spec (an
+#: expression's semantics, not its spelling): readers then fall back to raw queries until
+#: the new rules are loaded.
+RULES_REVISION = 1
 #: Per pool and model (LABEL_POOL, LABEL_MODEL_NAME): ``{signal}`` is a key of
 #: slo.objectives.quantiles.LATENCY_HISTOGRAMS ("ttft_seconds", "e2e_seconds"), ``{quantile}``
 #: "p95".
@@ -232,6 +241,9 @@ METRIC_SLI_ERROR_RATIO = "vigil_slo_sli_error_ratio"
 METRIC_BURN_RATE = "vigil_slo_burn_rate_ratio"
 METRIC_BUDGET_REMAINING = "vigil_slo_error_budget_remaining_ratio"
 METRIC_OBJECTIVE = "vigil_slo_objective_ratio"
+#: 1 when the SLO's ratios were read from the store's recorded series, 0 when computed from
+#: raw series (present only when reading a Prometheus-compatible store with recorded_rules on).
+METRIC_SLO_RECORDED = "vigil_slo_recorded"
 METRIC_LATENCY = "vigil_latency_seconds"
 METRIC_COST_PER_1000 = "vigil_cost_per_1000_requests_usd"
 METRIC_COST_PER_MILLION_TOKENS = "vigil_cost_per_million_output_tokens_usd"

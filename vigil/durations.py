@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["format_duration", "parse_duration"]
+__all__ = ["format_duration", "parse_duration", "prom_duration"]
 
 _UNITS = {
     "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0,
@@ -47,3 +47,14 @@ def format_duration(seconds: float) -> str:
             out.append(f"{s // size}{unit}")
             s %= size
     return "".join(out)
+
+
+def prom_duration(seconds: float) -> str:
+    """A Prometheus duration for ``seconds``: ``"5m"``, ``"1d"``, ``"1h30m"``; milliseconds
+    (``"1500ms"``) when it is not a whole number of seconds."""
+    if seconds < 0:
+        raise ValueError(f"a duration cannot be negative: {seconds!r}")
+    ms = round(seconds * 1000)
+    if ms % 1000:
+        return f"{ms}ms"
+    return format_duration(ms // 1000)

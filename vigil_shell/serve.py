@@ -258,12 +258,14 @@ class _PrometheusEvaluator:
                                        lookback_s=config.engine.lookback,
                                        timeout_s=min(config.engine.http.timeout,
                                                      max(1.0, interval)),
-                                       http=config.engine.http, base_dir=config.config_dir())
+                                       http=config.engine.http, base_dir=config.config_dir(),
+                                       dialect=config.engine.dialect)
         self._follow_server = sem == "auto"
 
     def describe(self) -> str:
         sem = "the server's" if self._follow_server else self.source.semantics.value
-        return f"Prometheus {self.source.url} (PromQL {sem})"
+        language = " in MetricsQL" if self.source.dialect == "metricsql" else ""
+        return f"Prometheus {self.source.url} (PromQL {sem}{language})"
 
     def evaluate(self, at_s: float, targets: Sequence[TargetConfig] = ()) -> EvaluationResult:
         """The status at ``at_s``; ``targets`` is unused (Prometheus knows its own)."""
@@ -610,8 +612,9 @@ class Server:
                 f"{len(self.alerts)} alerts firing")
         warned = (self._last.status.get("warnings") if self._last is not None else None)
         if warned:
-            # Still 200: the evaluation ran, but on what the server could give.
-            text += "; the server warned: " + "; ".join(warned)
+            # Still 200: the evaluation ran, but on what the server could give (or from raw
+            # series where the store's recorded ones were expected).
+            text += "; warnings: " + "; ".join(warned)
         if self.shared:
             # A standby is healthy: it evaluates, and takes over when the leader goes.
             role = (self.leadership.describe() if self.leadership is not None

@@ -204,6 +204,11 @@ def format_table(doc: dict[str, Any]) -> str:
                      f"{s['period']} — budget left {_pct(s['budget_remaining'])}; "
                      f"per 30 days: {rates or _NULL}; median detection "
                      f"{_delay(s['median_detection_delay_seconds'])}")
+        if s.get("read") == "recorded":
+            lines.append("  ratios: the store's recorded series (what its alerts saw)")
+        elif s.get("read_reason"):
+            lines.append(f"  ratios: raw series, not the store's recorded ones: "
+                         f"{s['read_reason']}")
         for a in s["alerts"]:
             flag = "  (quiet)" if a["quiet"] else ""
             peak = _NULL if a["peak_burn_rate"] is None else f"{a['peak_burn_rate']:.1f}x"

@@ -60,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "gateway's records where they cover a model, else vLLM's "
                              "histograms; histogram = always the histograms, as Prometheus "
                              "computes them (default: auto)")
+    parser.add_argument("--recorded-rules", choices=("auto", "off"),
+                        help="with a Prometheus-compatible store: auto = each SLO's ratios "
+                             "from the series the store's evaluation of Vigil's rules "
+                             "recorded, when current; off = always from raw series "
+                             "(default: [engine] recorded_rules)")
 
 
 def run(args: argparse.Namespace, *, clock: Clock = system_clock,
@@ -69,6 +74,9 @@ def run(args: argparse.Namespace, *, clock: Clock = system_clock,
 
     stream = out if out is not None else sys.stdout
     config = load_config(args.config)
+    if getattr(args, "recorded_rules", None):
+        engine = config.engine.model_copy(update={"recorded_rules": args.recorded_rules})
+        config = config.model_copy(update={"engine": engine})
     at = args.at if args.at is not None else clock()
     with open_source(config, args.config, prometheus_url=args.prometheus_url or "",
                      semantics=args.promql_semantics) as source:
@@ -190,8 +198,15 @@ def format_table(result: dict[str, Any]) -> str:
     at = datetime.fromtimestamp(result["at"], UTC).strftime("%Y-%m-%d %H:%M:%SZ")
     lines = [_fit(f"vigil slo status at {at}  ({result.get('source')}, PromQL "
                   f"{result.get('promql_semantics')}, window {result.get('window')})")]
-    # The server's warnings first: every figure below may come from part of the data.
-    lines += [f"WARNING from the server: {w}" for w in result.get("warnings") or []]
+    # The warnings first (the server's, a short retention, SLOs not read from the store's
+    # recorded series): every figure below may come from part of the data.
+    lines += [f"WARNING: {w}" for w in result.get("warnings") or []]
+    recorded = result.get("recorded_rules")
+    if recorded is not None:
+        n_read, n_raw = len(recorded.get("read") or []), len(recorded.get("fallback") or {})
+        lines.append(_fit(f"SLO ratios: {n_read} read from the store's recorded series, "
+                          f"{n_raw} computed from raw series (recorded_rules = "
+                          f"{recorded.get('mode')})"))
     lines.append("")
     for name, pool in (result.get("pools") or {}).items():
         lines += _pool_lines(name, pool)

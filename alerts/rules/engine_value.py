@@ -47,6 +47,8 @@ def engine_value(origin: Origin, config: Config, specs: Sequence[SloSpec], sourc
             return {"": spec.objective}
         if o.kind == "error_budget":
             return {"": spec.error_budget}
+        if o.kind == "spec_info":
+            return {"": 1.0}
         if o.kind == "time_period_days":
             return {"": spec.period_s / 86400.0}
         if o.kind in _RATIO_KINDS:

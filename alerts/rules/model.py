@@ -13,20 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vigil.config import AlertsConfig, RulesConfig
-from vigil.durations import format_duration
+from vigil.durations import prom_duration
 
 __all__ = ["Origin", "Rule", "RuleGroup", "RulesOptions", "prom_duration"]
-
-
-def prom_duration(seconds: float) -> str:
-    """A Prometheus duration for ``seconds``: ``"5m"``, ``"1d"``, ``"1h30m"``; milliseconds
-    (``"1500ms"``) when it is not a whole number of seconds."""
-    if seconds < 0:
-        raise ValueError(f"a duration cannot be negative: {seconds!r}")
-    ms = round(seconds * 1000)
-    if ms % 1000:
-        return f"{ms}ms"
-    return format_duration(ms // 1000)
 
 
 @dataclass(frozen=True)

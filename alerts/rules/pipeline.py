@@ -35,11 +35,13 @@ from typing import Any
 from alerts.rules import yaml_emitter
 from alerts.rules.alerting import alert_rules
 from alerts.rules.model import Origin, Rule, RuleGroup, RulesOptions, prom_duration
+from alerts.rules.promql import written_in
 from alerts.rules.promtool_tests import promtool_test_document
 from alerts.rules.recording import meta_recording_rules, pool_recording_rules, sli_recording_rules
 from alerts.rules.scrape_config import scrape_configs, scrape_notes
 from slo.objectives.burn_rate import burn_windows
 from slo.objectives.spec import SloSpec, effective_slos
+from slo.promql.metricsql import with_templates
 from vigil.config import Config
 from vigil.conventions import (
     ENDPOINT_ALL,
@@ -103,6 +105,9 @@ class RulesResult:
 
     def _comment(self, what: str) -> str:
         lines = [_HEADER, what]
+        if self.config.engine.dialect == "metricsql":
+            lines.append("Written in MetricsQL for vmalert ([engine] dialect): each increase is "
+                         "PromQL's, rebuilt from MetricsQL functions.")
         for name, reason in self.validated.skipped:
             lines.append(f"Skipped SLO {name}: {reason}.")
         return "\n".join(lines)
@@ -142,13 +147,17 @@ class RulesResult:
         ))
 
     def files(self) -> dict[str, str]:
-        """File name -> content, the four files ``--out DIR`` writes."""
-        return {
+        """File name -> content, the four files ``--out DIR`` writes (three for MetricsQL:
+        ``promtool test rules`` cannot evaluate its functions)."""
+        files = {
             FILE_SLO_RULES: self.slo_rules_text(),
             FILE_ALERT_RULES: self.alert_rules_text(),
             FILE_RULES_TEST: self.test_text(),
             FILE_SCRAPE_CONFIG: self.scrape_text(),
         }
+        if self.config.engine.dialect == "metricsql":
+            del files[FILE_RULES_TEST]
+        return files
 
 
 def _check_window(seconds: float, key: str, file: str) -> None:
@@ -212,7 +221,29 @@ def rules_options(config: Config, *, interval_s: float | None = None,
 
 
 def generate(config: Config, options: RulesOptions | None = None) -> RulesResult:
-    """Run the whole pipeline on ``config``; without ``options``, ``rules_options(config)``."""
+    """Run the whole pipeline on ``config``; without ``options``, ``rules_options(config)``.
+    The expressions are in the language of ``[engine] dialect``: PromQL, or for vmalert
+    MetricsQL that computes what PromQL would (``alerts.rules.promql.written_in``)."""
+    with written_in(config.engine.dialect,
+                    "2" if config.engine.promql_semantics == "2" else "3"):
+        result = _generate(config, options)
+    if config.engine.dialect != "metricsql":
+        return result
+    return replace(result, slo_groups=_with_templates(result.slo_groups),
+                   pool_groups=_with_templates(result.pool_groups),
+                   alert_groups=_with_templates(result.alert_groups))
+
+
+def _with_templates(groups: tuple[RuleGroup, ...]) -> tuple[RuleGroup, ...]:
+    """Every expression of ``groups`` with the MetricsQL ``WITH`` clause of the increase
+    templates it calls (``slo.promql.metricsql.with_templates``)."""
+    return tuple(replace(g, rules=tuple(
+        replace(r, expr=with_templates(r.expr),
+                standalone=with_templates(r.standalone) if r.standalone else r.standalone)
+        for r in g.rules)) for g in groups)
+
+
+def _generate(config: Config, options: RulesOptions | None) -> RulesResult:
     opts = options or rules_options(config)
     v = validate(config)
     slo_groups: list[RuleGroup] = []

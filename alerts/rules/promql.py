@@ -31,6 +31,11 @@ the aggregation keeps the other labels and the rule's ``labels:`` add ``pool`` (
 "No data" is an absent series, as the engine's ``None``: a ratio whose denominator is 0 is
 filtered out with ``> 0`` rather than recorded as NaN, and so is a NaN quantile (``>= 0``).
 
+**VictoriaMetrics.** With ``[engine] dialect = "metricsql"`` (``written_in``), every
+``increase`` is PromQL's rebuilt from MetricsQL functions (``slo.promql.metricsql``) and the
+``*_over_time`` ranges follow the PromQL rules of ``[engine] promql_semantics``, so vmalert
+records what Prometheus would (docs/prometheus-rules.md has the measured distance).
+
 Prometheus 2.42 has no ``histogram_fraction`` for classic histograms, so a latency threshold
 ``T`` that is not a bucket bound is interpolated inside its bucket ``(a, b]`` in plain PromQL,
 exactly as ``slo.promql.quantile.bucket_fraction_below`` does it::
@@ -46,13 +51,17 @@ finite threshold). The bounds are vLLM's defaults (``vigil.conventions.VLLM_*_BU
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
 
 from prometheus_client.utils import floatToGoString
 
 from alerts.rules.model import prom_duration
 from slo.objectives.spec import SloSpec
+from slo.promql.lookup import Semantics, SemanticsLike, semantics_of
+from slo.promql.metricsql import increase_template
 from vigil.config import PoolConfig
 from vigil.conventions import (
     FINISHED_REASON_ERROR,
@@ -79,6 +88,7 @@ from vigil.conventions import (
     VLLM_TTFT,
     VLLM_TTFT_BUCKETS,
 )
+from vigil.durations import parse_duration
 from vigil.selectors import LabelMatcher, Selector, default_pool_selector
 
 __all__ = [
@@ -107,6 +117,7 @@ __all__ = [
     "sli_error_expr",
     "slo_matchers",
     "slo_series",
+    "written_in",
 ]
 
 #: A pool as the builders take it: its config, or only its name (Vigil's own labels).
@@ -223,8 +234,45 @@ def _agg(op: str, by: Sequence[str]) -> str:
     return f"{op} by ({', '.join(by)}) " if by else op
 
 
+#: The PromQL rules MetricsQL expressions rebuild while ``written_in("metricsql", ...)`` is
+#: active, else ``None`` (PromQL). A context variable rather than a parameter: the language
+#: is a property of one whole generation, and every builder would otherwise pass it down
+#: to the three helpers below that write a range function.
+_METRICSQL: ContextVar[Semantics | None] = ContextVar("vigil_rules_metricsql", default=None)
+
+
+@contextlib.contextmanager
+def written_in(dialect: str, semantics: SemanticsLike = "3") -> Iterator[None]:
+    """Within the block, the builders write for ``dialect`` ("promql" or "metricsql");
+    ``semantics``: the PromQL rules MetricsQL reproduces ("2" or "3")."""
+    if dialect not in ("promql", "metricsql"):
+        raise ValueError(f"dialect must be 'promql' or 'metricsql', not {dialect!r}")
+    token = _METRICSQL.set(semantics_of(semantics) if dialect == "metricsql" else None)
+    try:
+        yield
+    finally:
+        _METRICSQL.reset(token)
+
+
+def _increase(series: str, window: str) -> str:
+    """``increase(<series>[<window>])``, in the language being written: in MetricsQL a call
+    of the ``WITH`` template that rebuilds it (``alerts.rules.pipeline`` adds the clause)."""
+    sem = _METRICSQL.get()
+    if sem is None:
+        return f"increase({series}[{window}])"
+    return f"{increase_template(parse_duration(window), sem)}({series})"
+
+
+def _over_time(function: str, series: str, window: str) -> str:
+    """``<function>(<series>[<window>])``; in MetricsQL following 2.42's closed left edge,
+    a range one millisecond longer (its ranges are left-open, as Prometheus 3's)."""
+    if _METRICSQL.get() is Semantics.V2:
+        window = f"{round(parse_duration(window) * 1000) + 1}ms"
+    return f"{function}({series}[{window}])"
+
+
 def _sum_increase(metric: str, matchers: Selector, window: str, by: Sequence[str]) -> str:
-    return f"{_agg('sum', by)}(increase({matchers.promql(metric)}[{window}]))"
+    return f"{_agg('sum', by)}({_increase(matchers.promql(metric), window)})"
 
 
 def _indent(text: str, prefix: str = "  ") -> str:
@@ -337,7 +385,7 @@ def replica_up_error_expr(spec: SloSpec, window_s: float, *,
     window = prom_duration(window_s)
     where = _spec_pool(spec, pool)
     up = _vllm_up(where).promql(SERIES_UP)
-    return f"1 - {_agg('avg', pool_by(where, _POOL_BY))}(avg_over_time({up}[{window}]))"
+    return f"1 - {_agg('avg', pool_by(where, _POOL_BY))}({_over_time('avg_over_time', up, window)})"
 
 
 def sli_error_expr(spec: SloSpec, window_s: float, *, pool: PoolConfig | None = None) -> str:
@@ -417,7 +465,7 @@ def gpu_cost_expr(pool: PoolLike, window_s: float, gpus_per_replica: int,
         up = Selector([*up, LabelMatcher(replica, "!=", "")])
 
     def term(matchers: Selector, seconds: float) -> str:
-        return (f"clamp_max({over_time}({matchers.promql(SERIES_UP)}[{window}])"
+        return (f"clamp_max({_over_time(over_time, matchers.promql(SERIES_UP), window)}"
                 f" * {number(seconds)}, {number(window_s)})")
 
     terms = [term(up.and_equal((replica, i)), s) for i, s in sorted((intervals or {}).items())]

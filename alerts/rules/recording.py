@@ -2,8 +2,10 @@
 
 * ``sli_recording_rules``: per SLO, ``slo:sli_error:ratio_rate<w>`` for every window of the
   burn-rate table plus ``[engine] window`` (group ``vigil-slo-sli-<slo>``);
-* ``meta_recording_rules``: per SLO, the objective, the error budget, the period in days and
-  the current burn rate (group ``vigil-slo-meta-<slo>``), and the period's error ratio, burn
+* ``meta_recording_rules``: per SLO, the objective, the error budget, the period in days,
+  the current burn rate and ``slo:spec_info`` (``vector(1)`` labelled with the SLO's
+  ``spec_version``, which readers check before they trust the recorded ratios; group
+  ``vigil-slo-meta-<slo>``), and the period's error ratio, burn
   rate and remaining budget (group ``vigil-slo-period-<slo>``, its own interval);
 * ``pool_recording_rules``: per pool, TTFT and e2e p50/p95/p99 per model, KV-cache usage mean
   and max, queue length, GPU cost and GPU cost per 1000 requests (group ``vigil-pool-<pool>``).
@@ -44,7 +46,8 @@ from alerts.rules.promql import (
 )
 from slo.cost.pool import coverage_interval
 from slo.objectives.quantiles import LATENCY_HISTOGRAMS, QUANTILES, quantile_key
-from slo.objectives.spec import SloSpec
+from slo.objectives.recorded import sli_record_name
+from slo.objectives.spec import SloSpec, spec_version
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
     GROUP_POOL,
@@ -54,6 +57,7 @@ from vigil.conventions import (
     LABEL_MODEL_NAME,
     LABEL_POOL,
     LABEL_SLO,
+    LABEL_SPEC_VERSION,
     RULE_CURRENT_BURN_RATE,
     RULE_ERROR_BUDGET,
     RULE_GPU_COST,
@@ -65,7 +69,7 @@ from vigil.conventions import (
     RULE_PERIOD_BURN_RATE,
     RULE_QUANTILE,
     RULE_QUEUE_LENGTH,
-    RULE_SLI_ERROR,
+    RULE_SPEC_INFO,
     RULE_TIME_PERIOD_DAYS,
 )
 
@@ -92,11 +96,6 @@ _SECONDS_PER_DAY = 86400.0
 def slo_labels(spec: SloSpec) -> dict[str, str]:
     """The labels of every ``slo:*`` series of one SLO."""
     return {LABEL_SLO: spec.name, LABEL_POOL: spec.pool, LABEL_MODEL_NAME: spec.model}
-
-
-def sli_record_name(window_s: float) -> str:
-    """``slo:sli_error:ratio_rate5m`` for 300 seconds."""
-    return RULE_SLI_ERROR.format(window=prom_duration(window_s))
 
 
 def slo_selector(record: str, spec: SloSpec) -> str:
@@ -189,6 +188,10 @@ def meta_recording_rules(
                  standalone=f"{_parenthesised(sli_error_expr(spec, current_window_s, pool=pool))}"
                             f" / {budget}",
                  labels=labels, origin=origin("current_burn_rate", current_window_s)),
+            # What the recorded ratios mean (slo.objectives.recorded checks it before reading).
+            Rule(record=RULE_SPEC_INFO, expr="vector(1)",
+                 labels={**labels, LABEL_SPEC_VERSION: spec_version(spec)},
+                 origin=origin("spec_info")),
         )
         groups.append(RuleGroup(f"{GROUP_SLO_META}-{spec.name}", options.interval_s, meta))
 

@@ -189,10 +189,16 @@ def body() -> None:
                       f"source {status['source']} · PromQL {status['promql_semantics']} · "
                       f"SLI window {status['window']}")
         for warning in status.get("warnings") or []:
-            # From the Prometheus-compatible server itself (a store that did not answer, a
-            # result cut by a limit): every figure below may come from part of the data.
-            st.warning(f"**The metrics server warned:** {warning}. The figures on this page "
-                       "may come from part of the data.", icon=":material/warning:")
+            # From the Prometheus-compatible server (a store that did not answer, a result cut
+            # by a limit), a short retention, or SLOs computed from raw series where the
+            # store's recorded ones were expected: the figures below may differ from its alerts.
+            st.warning(f"**Warning:** {warning}. The figures on this page "
+                       "may come from part of the data, or differ from the store's alerts.",
+                       icon=":material/warning:")
+        recorded = status.get("recorded_rules")
+        if recorded is not None and recorded.get("read"):
+            st.caption(f"SLO ratios of {', '.join(recorded['read'])}: the series the store's "
+                       "evaluation of Vigil's recording rules recorded (what its alerts see).")
         if not ctx.config.pools:
             st.info(f"**No pools are configured.** Add a `[[pools]]` entry (name, model, GPU) "
                     f"and its `[[targets]]` to `{ctx.path}`; see `vigil.example.toml`.",

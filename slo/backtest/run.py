@@ -21,6 +21,13 @@ still firing at the end, peak burn rate over the severity's shortest window, bud
 while it fired, detection delay), the fast burns nothing caught that consumed at least
 ``missed_share`` of the budget, the alerts during which less than ``quiet_share`` burned, and
 the budget left at the end of each period counted back from ``end``.
+
+**Read from the store's recorded series.** Reading a Prometheus-compatible store whose ruler
+ran the generated rules over the whole history (``[engine] recorded_rules = "auto"``), an
+SLO's ratios per window are the series it recorded (``slo.objectives.recorded.recorded_tracks``):
+the replay then shows what the store's own alerts saw, at the cost of one range query per
+window instead of a month of raw samples. Otherwise, and for the spans the budget figures
+need (arbitrary ``(a, b]``), raw series as above; each SLO's ``read`` says which.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -42,12 +49,14 @@ from slo.objectives.burn_rate import (
     burn_windows,
     slo_burn_alerts,
 )
+from slo.objectives.recorded import RangeQuerySource, recorded_tracks
 from slo.objectives.sli import error_ratio
 from slo.objectives.spec import SloSpec, effective_slos
 from slo.promql.lookup import FloatArray
 from slo.promql.tracks import Grid, Track
-from slo.sources.protocol import RangeSource, RequestLog
+from slo.sources.protocol import RangeSource, RequestLog, is_external
 from vigil.config import Config
+from vigil.conventions import ENDPOINT_ALL
 from vigil.durations import format_duration
 
 __all__ = [
@@ -136,6 +145,10 @@ class SloBacktest:
     burn: FloatArray = field(repr=False)
     firing: dict[str, np.ndarray] = field(repr=False)
     ratios: dict[float, Track] = field(repr=False, default_factory=dict)
+    #: "recorded": the ratios are the store's recorded series; "raw": computed from raw
+    #: series, ``read_reason`` saying why when the store's could have been read.
+    read: str = "raw"
+    read_reason: str = ""
 
     def count(self, severity: str) -> int:
         """Alerts of ``severity``."""
@@ -166,6 +179,8 @@ class SloBacktest:
                         for a, b, r in self.periods],
             "per_30_days": {sev: _finite(self.count(sev) * scale) for sev in severities},
             "median_detection_delay_seconds": self.median_detection_delay(),
+            "read": self.read,
+            "read_reason": self.read_reason or None,
         }
 
 
@@ -302,9 +317,28 @@ def backtest(config: Config, source: RangeSource, start_s: float, end_s: float, 
     step = float(interval_s if interval_s is not None else config.rules.interval)
     grid = Grid.between(math.ceil(start_s * 1000), math.floor(end_s * 1000), round(step * 1000))
     specs = list(slos) if slos is not None else effective_slos(config)
-    results = [backtest_slo(spec, config, source, grid, missed_share=missed_share,
-                            quiet_share=quiet_share, request_log=request_log)
-               for spec in specs]
+    results = []
+    for spec in specs:
+        ratios, why = _recorded_ratios(config, source, spec, grid, request_log)
+        result = backtest_slo(spec, config, source, grid, missed_share=missed_share,
+                              quiet_share=quiet_share, request_log=request_log, ratios=ratios)
+        results.append(replace(result, read="raw" if ratios is None else "recorded",
+                               read_reason=why))
     return Backtest(start=grid.start_ms / 1000, end=grid.end_ms / 1000, interval_s=step,
                     source=getattr(source, "kind", type(source).__name__), slos=results,
                     grid=grid)
+
+
+def _recorded_ratios(config: Config, source: RangeSource, spec: SloSpec, grid: Grid,
+                     request_log: RequestLog | None) -> tuple[dict[float, Track] | None, str]:
+    """``spec``'s ratios per window of its alert table from the store's recorded series, or
+    ``None`` and why not ("" where the store's could not be read at all: the embedded store,
+    ``recorded_rules = "off"``, an SLO no rule expresses)."""
+    if config.engine.recorded_rules == "off" or not is_external(source) \
+            or not isinstance(source, RangeQuerySource):
+        return None, ""
+    if spec.endpoint != ENDPOINT_ALL or not 0.0 < spec.objective < 1.0 \
+            or (spec.indicator == "availability" and request_log is not None):
+        return None, ""
+    windows = burn_windows(slo_burn_alerts(config.engine.burn_rate_alerts, spec.period_s))
+    return recorded_tracks(source, spec, grid, windows)

@@ -26,7 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from slo.objectives.sli import SliResult, error_ratio
+from slo.objectives.recorded import Recorded
+from slo.objectives.sli import REASON_NO_DATA, REASON_NO_REQUESTS, SliResult, error_ratio
 from slo.objectives.spec import SloSpec
 from slo.sources.protocol import RequestLog, Source
 from vigil.config import BurnRateAlert
@@ -173,7 +174,9 @@ class SloReport:
 
     ``windows`` and ``burn_rates`` are keyed by window seconds; ``period`` is the SLI over the
     whole period; ``current`` over the engine's window (the status "now"), if asked for;
-    ``burn_alerts`` the alert table with this SLO's factors.
+    ``burn_alerts`` the alert table with this SLO's factors; ``recorded``: the store's
+    recorded figures the ratios were read from (``slo.objectives.recorded``), ``None`` when
+    they were computed from raw series.
     """
 
     spec: SloSpec
@@ -187,6 +190,7 @@ class SloReport:
     current_window_s: float | None = None
     current: SliResult | None = None
     burn_alerts: tuple[SloBurnAlert, ...] = ()
+    recorded: Recorded | None = None
 
     @property
     def sli(self) -> float | None:
@@ -197,7 +201,10 @@ class SloReport:
     @property
     def interpolated(self) -> bool | None:
         """True when any window's latency ratio was interpolated inside a bucket; ``None``
-        when no window had data to tell."""
+        when no window had data to tell, or the ratios were read from recorded series
+        (which do not say)."""
+        if self.recorded is not None:
+            return None
         results = [*self.windows.values(), self.period]
         if self.current is not None:
             results.append(self.current)
@@ -243,6 +250,8 @@ class SloReport:
             }
         reason = self.period.reason or (self.current.reason if self.current else "")
         out["reason"] = reason or None
+        out["read"] = "raw" if self.recorded is None else "recorded"
+        out["recorded"] = None if self.recorded is None else self.recorded.to_dict()
         return out
 
 
@@ -254,15 +263,21 @@ def evaluate_slo(
     *,
     current_window_s: float | None = None,
     request_log: RequestLog | None = None,
+    recorded: Recorded | None = None,
 ) -> SloReport:
     """Evaluate ``spec`` at ``at_s`` over the alert table's windows, its period, and (if
     given) ``current_window_s``; the alerts use the factors of the SLO's period. Each
-    distinct window is computed once."""
+    distinct window is computed once: from ``recorded`` (the store's recorded ratios) for
+    the windows it records, else from ``source``'s raw series."""
     cache: dict[float, SliResult] = {}
 
     def sli(window_s: float) -> SliResult:
         if window_s not in cache:
-            cache[window_s] = error_ratio(spec, source, at_s, window_s, request_log=request_log)
+            if recorded is not None and window_s in recorded.windows:
+                cache[window_s] = _recorded_sli(recorded, window_s)
+            else:
+                cache[window_s] = error_ratio(spec, source, at_s, window_s,
+                                              request_log=request_log)
         return cache[window_s]
 
     rows = slo_burn_alerts(alerts, spec.period_s)
@@ -284,4 +299,14 @@ def evaluate_slo(
         current_window_s=current_window_s,
         current=current,
         burn_alerts=tuple(rows),
+        recorded=recorded,
     )
+
+
+def _recorded_sli(recorded: Recorded, window_s: float) -> SliResult:
+    """One window's SLI as the store recorded it: no series is no data (the rule's
+    expression was empty), NaN a window without requests (0 / 0)."""
+    if window_s not in recorded.ratios:
+        return SliResult(None, reason=REASON_NO_DATA)
+    ratio = recorded.ratios[window_s]
+    return SliResult(ratio, reason="" if ratio is not None else REASON_NO_REQUESTS)

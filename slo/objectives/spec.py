@@ -7,12 +7,21 @@ the generated Prometheus rules, the alerts and the dashboard are built from the 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 
 from vigil.config import Config, PoolConfig, SloConfig
-from vigil.conventions import ENDPOINT_ALL, LATENCY_INDICATORS, SLO_INDICATORS, SLO_NAME_SUFFIXES
+from vigil.conventions import (
+    ENDPOINT_ALL,
+    KIND_VLLM,
+    LATENCY_INDICATORS,
+    RULES_REVISION,
+    SLO_INDICATORS,
+    SLO_NAME_SUFFIXES,
+)
 
-__all__ = ["SloSpec", "default_slos", "effective_slos"]
+__all__ = ["SloSpec", "default_slos", "effective_slos", "spec_version"]
 
 
 @dataclass(frozen=True)
@@ -111,3 +120,26 @@ def effective_slos(config: Config) -> list[SloSpec]:
     if config.slos:
         return [_from_config(config, slo) for slo in config.slos]
     return [spec for pool in config.pools for spec in default_slos(config, pool)]
+
+
+def spec_version(spec: SloSpec) -> str:
+    """Twelve hex digits naming what the recorded error ratios of ``spec`` mean: its indicator,
+    model, threshold, objective and period, the series its pool is read by in a Prometheus
+    (selector, ``up`` series, replica label) and the generator's ``RULES_REVISION``. The
+    generated rules record it (``slo:spec_info``); a reader whose config gives another
+    version knows the store's figures are not its SLO's and computes from raw series.
+
+    The windows are left out: each window's ratio means the same whichever other windows the
+    table has, and a window the store does not record is read raw on its own."""
+    pool = spec.pool_config
+    up = pool.up_series(KIND_VLLM, external=True) if pool is not None else None
+    doc = {
+        "revision": RULES_REVISION,
+        "slo": [spec.name, spec.pool, spec.model, spec.endpoint, spec.indicator,
+                spec.objective, spec.threshold_seconds, spec.period_s],
+        "series": pool.series(KIND_VLLM, external=True).inner() if pool is not None else None,
+        "up": up.inner() if up is not None else None,
+        "replica": pool.replica_label_for(external=True) if pool is not None else None,
+    }
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

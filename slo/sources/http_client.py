@@ -28,7 +28,13 @@ from requests.auth import AuthBase, _basic_auth_str
 from vigil.config import HttpClientConfig
 from vigil.errors import SourceError
 
-__all__ = ["build_session", "describe", "forget_token", "mount_tls", "thanos_params"]
+__all__ = ["build_session", "describe", "forget_token", "mount_tls", "redact", "thanos_params"]
+
+#: What stands in an error's text where a secret the requests carried was echoed back.
+REDACTED = "(a secret, not shown)"
+#: How many recent values of each secret are kept to redact (a rotated token may still be
+#: echoed by an answer to a request sent just before the rotation).
+_KEPT_VALUES = 4
 
 #: An OAuth2 token is fetched again this long before it expires (seconds), so that a request
 #: never carries one that runs out on its way.
@@ -86,6 +92,23 @@ class _Credentials(AuthBase):
         # The token endpoint is reached the way the API is (proxy, CA, client certificate),
         # without the API's credential.
         self._token_session: requests.Session | None = None
+        # Per secret, the values recently sent: ``redact`` removes them from error texts
+        # (a proxy such as vmauth echoes an unknown token in its error body).
+        self._sent: dict[str, list[str]] = {}
+
+    def _remember(self, what: str, *values: str) -> None:
+        with self._lock:
+            kept = self._sent.setdefault(what, [])
+            for value in values:
+                if value and value not in kept:
+                    kept.append(value)
+            del kept[:-_KEPT_VALUES]
+
+    def sent(self) -> list[str]:
+        """Every secret value recently sent, longest first."""
+        with self._lock:
+            values = {v for kept in self._sent.values() for v in kept}
+        return sorted(values, key=len, reverse=True)
 
     def forget_token(self) -> None:
         """Drop the cached OAuth2 token (the server refused it: revoked, or the secret
@@ -100,9 +123,11 @@ class _Credentials(AuthBase):
         cfg = self.cfg
         for name, file in cfg.header_files.items():
             r.headers[name] = _read_secret(file, self.base_dir, f"the {name} header", self.url)
+            self._remember(name, str(r.headers[name]))
         if cfg.bearer_token_file:
             token = _read_secret(cfg.bearer_token_file, self.base_dir, "the bearer token",
                                  self.url)
+            self._remember("bearer", token)
             r.headers["Authorization"] = f"Bearer {token}"
         elif cfg.basic_auth is not None:
             b = cfg.basic_auth
@@ -113,9 +138,13 @@ class _Credentials(AuthBase):
                 password = _env_secret(b.password_env, "the basic-auth password", self.url)
             else:
                 password = ""
-            r.headers["Authorization"] = _basic_auth_str(b.username, password)
+            header = _basic_auth_str(b.username, password)
+            self._remember("basic", password, header.split(" ", 1)[-1])
+            r.headers["Authorization"] = header
         elif cfg.oauth2 is not None:
-            r.headers["Authorization"] = f"Bearer {self._oauth2_token()}"
+            token = self._oauth2_token()
+            self._remember("oauth2", token)
+            r.headers["Authorization"] = f"Bearer {token}"
         return r
 
     def _oauth2_token(self) -> str:
@@ -209,6 +238,16 @@ def build_session(cfg: HttpClientConfig, url: str, *,
     if cfg.bearer_token_file or cfg.basic_auth or cfg.oauth2 or cfg.header_files:
         session.auth = _Credentials(cfg, base_dir, url)
     return session
+
+
+def redact(text: str, session: requests.Session) -> str:
+    """``text`` without any secret value the session's requests recently carried (a token, a
+    password, its base64 form, a secret header): what a server or proxy echoes back in an
+    error must not reach a log line or a JSON answer."""
+    if isinstance(session.auth, _Credentials):
+        for value in session.auth.sent():
+            text = text.replace(value, REDACTED)
+    return text
 
 
 def forget_token(session: requests.Session) -> None:

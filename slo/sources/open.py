@@ -42,7 +42,8 @@ def open_source(config: Config, config_file: str, *, prometheus_url: str = "",
         try:
             source = PrometheusSource(url, semantics="3" if sem == "auto" else sem,
                                       lookback_s=config.engine.lookback,
-                                      http=config.engine.http, base_dir=config.config_dir())
+                                      http=config.engine.http, base_dir=config.config_dir(),
+                                      dialect=config.engine.dialect)
         except ValueError as exc:  # a URL it cannot use (with a password, say)
             raise ConfigError(f"--prometheus-url or [engine] prometheus_url: {exc}",
                               file=config_file, key="engine.prometheus_url") from None

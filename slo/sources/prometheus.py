@@ -35,6 +35,11 @@ Exactness on the wire:
   send ``lookback_delta`` (honoured since Prometheus 2.43, and by Thanos; 2.42 ignores it), so
   ``lookback_s`` should equal the server's flag on older servers (both default to 5m).
 
+**VictoriaMetrics** (``dialect="metricsql"``): MetricsQL's ``increase`` neither extrapolates nor
+keeps to its window, so every ``increase`` is written as PromQL's, rebuilt from MetricsQL
+functions (``slo.promql.metricsql``), following ``semantics``; the ``*_over_time`` ranges gain a
+millisecond for 2.42's closed left edge.
+
 Which PromQL rules apply is the server's business: ``semantics`` does not change the queries.
 It is reported in the status JSON and used for what the SLO engine computes client-side from
 these answers (the ``avg`` across replicas), so set it to match the server ("2" for 2.x up to
@@ -75,6 +80,7 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
 from slo.promql.lookup import Semantics, SemanticsLike, duration_ms, eval_time_ms, semantics_of
+from slo.promql.metricsql import metricsql_increase
 from slo.promql.quantile import Bucket
 from slo.promql.tracks import Grid, Track
 
@@ -86,6 +92,7 @@ from slo.sources.http_client import (
     describe,
     forget_token,
     mount_tls,
+    redact,
     thanos_params,
 )
 from slo.sources.protocol import BucketTracks, LeChoice, Matchers, Tracks
@@ -205,7 +212,7 @@ class PrometheusSource:
     def __init__(
         self, url: str, *, semantics: SemanticsLike = "3", lookback_s: float = 300.0,
         timeout_s: float | None = None, http: HttpClientConfig | None = None,
-        base_dir: Path | None = None,
+        base_dir: Path | None = None, dialect: str = "promql",
     ) -> None:
         http = http or HttpClientConfig()
         timeout_s = http.timeout if timeout_s is None else timeout_s
@@ -216,7 +223,10 @@ class PrometheusSource:
             raise ValueError(f"lookback_s must be a positive number of seconds, not {lookback_s!r}")
         if timeout_s <= 0 or not math.isfinite(timeout_s):
             raise ValueError(f"timeout_s must be a positive number of seconds, not {timeout_s!r}")
+        if dialect not in ("promql", "metricsql"):
+            raise ValueError(f"dialect must be 'promql' or 'metricsql', not {dialect!r}")
         self.url = url.rstrip("/")
+        self.dialect = dialect
         self.semantics: Semantics = semantics_of(semantics)
         self.lookback_s = float(lookback_s)
         self.timeout_s = float(timeout_s)
@@ -311,7 +321,11 @@ class PrometheusSource:
     def server_semantics(self) -> Semantics | None:
         """The PromQL rules the server itself follows, from its major version
         (``/api/v1/status/buildinfo``): 2.x -> ``"2"``, 3.x and later -> ``"3"``. ``None``
-        when it does not say (Thanos, Mimir and VictoriaMetrics may not serve the endpoint)."""
+        when it does not say (Thanos, Mimir and VictoriaMetrics may not serve the endpoint),
+        and for a MetricsQL store: the version VictoriaMetrics reports there is the Prometheus
+        API it imitates, not rules it follows (Vigil's expressions then follow 3.x's)."""
+        if self.dialect == "metricsql":
+            return None
         try:
             response = self._session.get(
                 f"{self.url}/api/v1/status/buildinfo", timeout=self.timeout_s
@@ -327,7 +341,7 @@ class PrometheusSource:
 
     def __repr__(self) -> str:
         return (f"PrometheusSource({self.url!r}, semantics={self.semantics.value!r}, "
-                f"lookback_s={self.lookback_s:g})")
+                f"lookback_s={self.lookback_s:g}, dialect={self.dialect!r})")
 
     def close(self) -> None:
         """Close the HTTP session (idempotent)."""
@@ -381,7 +395,17 @@ class PrometheusSource:
         return list(out.values())
 
     def _ask(self, expr: str, call: Callable[[], Any]) -> list[dict[str, Any]]:
-        """Run one API call, its failures as ``SourceError`` naming the URL and the query."""
+        """Run one API call, its failures as ``SourceError`` naming the URL and the query,
+        without any secret the request carried (a proxy may echo a refused token)."""
+        try:
+            return self._ask_once(expr, call)
+        except SourceError as exc:
+            reason = redact(exc.reason, self._session)
+            if reason == exc.reason:
+                raise
+            raise SourceError(reason, url=self.url, query=expr) from None
+
+    def _ask_once(self, expr: str, call: Callable[[], Any]) -> list[dict[str, Any]]:
         self._seen.response = None
         try:
             if self.http.tls.insecure_skip_verify:
@@ -440,13 +464,16 @@ class PrometheusSource:
             return text
         status = response.status_code
         html = self._html_page()
-        if html and status not in (401, 403):
+        # vmauth answers an unknown bearer token or password with 400 ("cannot find the
+        # provided auth token ..."): a refused credential as much as a 401.
+        refused = status in (401, 403) or (status == 400 and "auth token" in response.text)
+        if html and not refused:
             return html
         if html:
             # A proxy's error page, not Prometheus's JSON: its title is the message.
             title = _page_title(response)
             text = f"HTTP {status}" + (f" ({title})" if title else "")
-        if status in (401, 403):
+        if refused:
             body = response.text.lower()
             if "org id" in body or "orgid" in body or "tenant" in body:
                 return (f"{text}: no tenant, or one the server does not know: Mimir and Cortex "
@@ -454,6 +481,8 @@ class PrometheusSource:
                         f"{self.credential()}")
             asks = response.headers.get("WWW-Authenticate", "")
             asked = f"; the server asks for {asks.split(' ', 1)[0]}" if asks else ""
+            if status == 400:
+                text = "HTTP 400"  # vmauth's body repeats the credential it refused
             return (f"{text}: the server refused the credential (sent {self.credential()})"
                     f"{asked}; check [engine.http]")
         wait = response.headers.get("Retry-After", "").strip()
@@ -494,14 +523,30 @@ class PrometheusSource:
                                   f"({exc})", url=self.url, query=expr) from None
         return dict(sorted(out.items()))
 
+    # --- the expressions, in the store's language --------------------------------------------
+    def _increase(self, series: str, window_s: float) -> str:
+        """PromQL's ``increase(<series>[w])`` (per series), in the store's language: on
+        VictoriaMetrics, rebuilt from MetricsQL functions (``slo.promql.metricsql``), since
+        its own ``increase`` neither extrapolates nor keeps to the window; the PromQL rules
+        followed are ``semantics``."""
+        if self.dialect == "metricsql":
+            return metricsql_increase(series, window_s, self.semantics)
+        return f"increase({series}[{format_duration_ms(window_s)}])"
+
+    def _over_time(self, function: str, series: str, window_s: float) -> str:
+        """``<function>(<series>[w])``. MetricsQL's ranges are left-open, as Prometheus 3's:
+        to follow 2.42's closed left edge the range is one millisecond longer (timestamps
+        are whole milliseconds)."""
+        extra = 0.001 if self.dialect == "metricsql" and self.semantics is Semantics.V2 else 0.0
+        return f"{function}({series}[{format_duration_ms(window_s + extra)}])"
+
     # --- the Source protocol ---------------------------------------------------------------
     def increase(
         self, metric: str, matchers: Matchers, at_s: float, window_s: float,
         by: Sequence[str] = (),
     ) -> dict[Labels, float]:
         """``sum by (by) (increase(metric{matchers}[window]))`` at ``at_s``."""
-        expr = (f"sum{_by_clause(by)} "
-                f"(increase({selector(metric, matchers)}[{format_duration_ms(window_s)}]))")
+        expr = f"sum{_by_clause(by)} ({self._increase(selector(metric, matchers), window_s)})"
         return self._vector(expr, at_s)
 
     def bucket_increase(
@@ -514,8 +559,7 @@ class PrometheusSource:
         if LABEL_LE in by:
             raise ValueError("'le' is always part of the grouping; do not list it in `by`")
         expr = (f"sum{_by_clause((*by, LABEL_LE))} "
-                f"(increase({selector(metric + SUFFIX_BUCKET, matchers)}"
-                f"[{format_duration_ms(window_s)}]))")
+                f"({self._increase(selector(metric + SUFFIX_BUCKET, matchers), window_s)})")
         return _le_groups(self._vector(expr, at_s), by)
 
     def instant(self, metric: str, matchers: Matchers, at_s: float) -> dict[Labels, float]:
@@ -526,7 +570,7 @@ class PrometheusSource:
         self, metric: str, matchers: Matchers, at_s: float, window_s: float
     ) -> dict[Labels, float]:
         """``avg_over_time(metric{matchers}[window])`` per series."""
-        expr = f"avg_over_time({selector(metric, matchers)}[{format_duration_ms(window_s)}])"
+        expr = self._over_time("avg_over_time", selector(metric, matchers), window_s)
         return self._vector(expr, at_s)
 
     def samples(
@@ -555,8 +599,9 @@ class PrometheusSource:
     ) -> Tracks:
         """``sum by (by) (increase(metric{matchers}[w]))`` at every instant of ``grid``: one
         range query per window."""
-        return {w: self._tracks(f"sum{_by_clause(by)} (increase({selector(metric, matchers)}"
-                                f"[{format_duration_ms(w)}]))", grid) for w in windows_s}
+        return {w: self._tracks(f"sum{_by_clause(by)} "
+                                f"({self._increase(selector(metric, matchers), w)})", grid)
+                for w in windows_s}
 
     def bucket_increase_range(
         self, metric: str, matchers: Matchers, grid: Grid, windows_s: Sequence[float],
@@ -571,8 +616,7 @@ class PrometheusSource:
         out: BucketTracks = {}
         for w in windows_s:
             expr = (f"sum{_by_clause((*by, LABEL_LE))} "
-                    f"(increase({selector(metric + SUFFIX_BUCKET, matchers)}"
-                    f"[{format_duration_ms(w)}]))")
+                    f"({self._increase(selector(metric + SUFFIX_BUCKET, matchers), w)})")
             groups = _le_track_groups(self._tracks(expr, grid), by)
             if les is not None:
                 for key, buckets in groups.items():
@@ -585,8 +629,8 @@ class PrometheusSource:
         self, metric: str, matchers: Matchers, grid: Grid, windows_s: Sequence[float],
     ) -> Tracks:
         """``avg_over_time(metric{matchers}[w])`` per series at every instant of ``grid``."""
-        return {w: self._tracks(f"avg_over_time({selector(metric, matchers)}"
-                                f"[{format_duration_ms(w)}])", grid) for w in windows_s}
+        return {w: self._tracks(self._over_time("avg_over_time", selector(metric, matchers), w),
+                                grid) for w in windows_s}
 
     def instant_range(self, metric: str, matchers: Matchers, grid: Grid) -> dict[Labels, Track]:
         """``metric{matchers}`` per series at every instant of ``grid``: one range query."""

@@ -150,6 +150,16 @@ class EngineConfig(Section):
     burn_rate_alerts: list[BurnRateAlert] = Field(default_factory=_default_burn_rate_alerts)
     #: How every read of ``prometheus_url`` authenticates: headers, credentials, TLS.
     http: HttpClientConfig = HttpClientConfig()
+    #: The query language of ``prometheus_url``'s store: "promql" (Prometheus, Thanos, Mimir,
+    #: Cortex) or "metricsql" (VictoriaMetrics, and vmalert evaluating the generated rules
+    #: there): Vigil then writes PromQL's increase in MetricsQL functions, so the numbers
+    #: are Prometheus's (docs/prometheus-rules.md).
+    dialect: Literal["promql", "metricsql"] = "promql"
+    #: Reading from ``prometheus_url``: "auto" (default) takes each SLO's error ratios from
+    #: the series the store's evaluation of `vigil rules prometheus`'s rules recorded, when
+    #: they are loaded and of this config's spec version, else computes them from raw
+    #: series; "off" always computes them from raw series.
+    recorded_rules: Literal["auto", "off"] = "auto"
 
     @field_validator("prometheus_url")
     @classmethod

@@ -141,8 +141,10 @@ def scraping_prometheus(workdir: Path, rules_dir: Path) -> Iterator[PrometheusSe
         server.stop()
 
 
-def slo_status(config_path: Path, at_s: float, prometheus_url: str = "") -> dict[str, Any]:
-    """``vigil slo status --config F --json --at T [--prometheus-url URL]``, parsed."""
+def slo_status(config_path: Path, at_s: float, prometheus_url: str = "",
+               recorded_rules: str = "") -> dict[str, Any]:
+    """``vigil slo status --config F --json --at T [--prometheus-url URL]
+    [--recorded-rules auto|off]``, parsed."""
     from vigil_shell.slo_status_cli import add_arguments, run
 
     parser = argparse.ArgumentParser(prog="vigil slo status")
@@ -150,6 +152,8 @@ def slo_status(config_path: Path, at_s: float, prometheus_url: str = "") -> dict
     argv = ["--config", str(config_path), "--json", "--at", repr(at_s)]
     if prometheus_url:
         argv += ["--prometheus-url", prometheus_url]
+    if recorded_rules:
+        argv += ["--recorded-rules", recorded_rules]
     out = io.StringIO()
     if run(parser.parse_args(argv), out=out) != 0:
         raise RuntimeError(f"vigil slo status {' '.join(argv)} failed")
