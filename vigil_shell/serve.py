@@ -61,6 +61,7 @@ from vigil.conventions import (
     VLLM_KV_CACHE_USAGE,
 )
 from vigil.errors import ConfigError, LeaseLost, SourceError, StoreError
+from vigil.http_server import threading_http_server
 from vigil.model import Point, TargetHealth
 
 __all__ = ["EvaluationResult", "Server", "add_arguments", "parse_listen", "run"]
@@ -125,17 +126,7 @@ def _http_server(host: str, port: int, exporter: Exporter,
         def log_message(self, *args: object) -> None:
             pass  # a scrape every few seconds is not worth a log line
 
-    family = ThreadingHTTPServer.address_family
-    if ":" in host:
-        import socket
-
-        family = socket.AF_INET6
-
-    class Server(ThreadingHTTPServer):
-        address_family = family
-        daemon_threads = True
-
-    return Server((host, port), Handler)
+    return threading_http_server(host, port, Handler)
 
 
 # --- one evaluation -----------------------------------------------------------------------
@@ -377,6 +368,10 @@ class Server:
         self._tasks: dict[str, asyncio.Task[Any]] = {}
         self._deliver_lock = asyncio.Lock()
         self._http: ThreadingHTTPServer | None = None
+        #: With ``[otlp] listen``: the OTLP/HTTP receiver writing request records from spans
+        #: (``serving.otlp.receiver.OtlpReceiver``), its counters on ``/metrics``.
+        self.otlp: Any = None
+        self.otlp_listen: tuple[str, int] = ("", 0)
         self._last: EvaluationResult | None = None
 
     # --- jobs: each starts its own task so that shutdown can wait for it --------------------
@@ -635,6 +630,8 @@ class Server:
         else:
             self.notifier = Notifier(self.config, self.config.outbox_path(), clock=self.clock)
         self._publish()
+        if self.config.otlp.listen:
+            self._start_otlp()
         host, port = self.listen
         self._http = _http_server(host, port, self.exporter, self.healthy)
         self.listen = (host, int(self._http.server_address[1]))
@@ -657,8 +654,30 @@ class Server:
                               next_run_time=now + timedelta(seconds=tick), id="lease",
                               coalesce=True, max_instances=1)
 
+    def _start_otlp(self) -> None:
+        """The OTLP receiver on ``[otlp] listen``, its counters on ``/metrics``. Imported
+        here: it needs OpenTelemetry's protobuf classes (the ``gateway`` extra)."""
+        from serving.otlp.receiver import OtlpCollector, OtlpReceiver
+
+        collector = self.collector
+        # Discovered replicas too: an engine's span is placed by the target it came from.
+        receiver = OtlpReceiver(self.config, clock=self.clock, targets=(
+            (lambda: collector.targets) if collector is not None else None))
+        receiver.start()
+        try:
+            self.otlp_listen = receiver.serve_http(
+                *_parse_host_port(self.config.otlp.listen, allow_port_zero=True))
+        except BaseException:
+            receiver.close()
+            raise
+        self.otlp = receiver
+        self.exporter.registry.register(OtlpCollector(receiver))
+
     async def stop(self) -> None:
         """After the scheduler stopped: let work under way finish, then close everything."""
+        if self.otlp is not None:
+            # First: no more exports taken, and every request held is written.
+            await asyncio.get_running_loop().run_in_executor(None, self.otlp.close)
         if self.collector is not None:
             await self.collector.finish()
         pending = [t for t in self._tasks.values() if not t.done()]
@@ -711,8 +730,13 @@ class Server:
             + "".join(f"\n    {r.name}: {r.format} -> {redact_url(r.url)} match {dict(r.match)}"
                       for r in cfg.alerts.routes),
             f"  metrics: http://{host}:{port}/metrics  health: http://{host}:{port}/healthz",
-            "  (SIGTERM or Ctrl-C stops)",
         ]
+        if self.otlp is not None:
+            o_host, o_port = self.otlp_listen
+            o_host = f"[{o_host}]" if ":" in o_host else o_host
+            lines.append(f"  otlp: POST http://{o_host}:{o_port}/v1/traces -> request records "
+                         f"in {self.otlp.display}")
+        lines.append("  (SIGTERM or Ctrl-C stops)")
         return "\n".join(lines)
 
 

@@ -374,8 +374,12 @@ class Gateway:
                                          charge=call.charge, prompt=prompt, trace=trace)
 
     def _trace_headers(self, call: Call) -> bytes:
-        """``traceparent`` for the replica ([gateway.otel] propagate), else b""."""
-        return self.otel.upstream_headers(call.span) if self.otel is not None else b""
+        """The request's own header lines for the replica: ``X-Request-Id`` (vLLM makes it its
+        request id, ``chatcmpl-vgl-...``, so the spans vLLM exports of a request the gateway
+        recorded are known for it and not recorded twice by ``serving.otlp``), and
+        ``traceparent`` ([gateway.otel] propagate)."""
+        own = f"X-Request-Id: {call.id}\r\n".encode()
+        return own + (self.otel.upstream_headers(call.span) if self.otel is not None else b"")
 
     def _payload(self, call: Call, body: dict[str, Any]) -> bytes:
         """The upstream body: the client's after the policy, the tier's priority, usage asked

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import json
 import os
 import socket
 import subprocess
@@ -32,7 +33,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from support.loopback import Answer, LoopbackServer, Request, free_port, wait_for
 
-__all__ = ["OtlpReceiver", "Point", "Span", "otlp_receiver", "rotel_collector"]
+__all__ = ["T0_NS", "OtlpReceiver", "Point", "Span", "json_export", "json_kv", "json_span",
+           "otlp_receiver", "rotel_collector"]
 
 
 def _value(v: AnyValue) -> Any:
@@ -79,6 +81,8 @@ class OtlpReceiver:
     server: LoopbackServer
     spans: list[Span] = field(default_factory=list)
     points: list[Point] = field(default_factory=list)
+    #: Every ``/v1/traces`` body as received (decompressed protobuf), to replay elsewhere.
+    trace_bodies: list[bytes] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -131,6 +135,7 @@ class OtlpReceiver:
                                     end_ns=s.end_time_unix_nano))
         with self.lock:
             self.spans += out
+            self.trace_bodies.append(body)
 
     def _metrics(self, body: bytes) -> None:
         request = ExportMetricsServiceRequest()
@@ -207,3 +212,35 @@ def rotel_collector(receiver: OtlpReceiver, workdir: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+# --- OTLP/JSON by hand: what a collector or a JS SDK sends -------------------------------
+#: A fixed instant for hand-made spans (2026-11-18, Unix nanoseconds).
+T0_NS = 1_795_000_000_000_000_000
+
+
+def json_kv(key: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"key": key, "value": {"boolValue": value}}
+    if isinstance(value, int):
+        return {"key": key, "value": {"intValue": str(value)}}  # int64: a string in OTLP/JSON
+    if isinstance(value, float):
+        return {"key": key, "value": {"doubleValue": value}}
+    return {"key": key, "value": {"stringValue": value}}
+
+
+def json_export(*spans: dict[str, Any], resource: dict[str, Any] | None = None) -> bytes:
+    return json.dumps({"resourceSpans": [{
+        "resource": {"attributes": [json_kv(k, v) for k, v in (resource or {}).items()]},
+        "scopeSpans": [{"scope": {"name": "hand"}, "spans": list(spans),
+                        "someFutureField": 1}]}]}).encode()
+
+
+def json_span(span_id: str, attributes: dict[str, Any], *, name: str = "llm_request",
+              start_ns: int = T0_NS, end_ns: int = T0_NS + 2_000_000_000,
+              kind: int = 2) -> dict[str, Any]:
+    return {"traceId": "5B8EFFF798038103D269B633813FC60C", "spanId": span_id,
+            "parentSpanId": "", "name": name, "kind": kind,
+            "startTimeUnixNano": str(start_ns), "endTimeUnixNano": str(end_ns),
+            "attributes": [json_kv(k, v) for k, v in attributes.items()],
+            "status": {"code": 0}, "flags": 257}

@@ -41,6 +41,7 @@ from vigil.config.gateway import (
 )
 from vigil.config.http import BasicAuthConfig, HttpClientConfig, OAuth2Config, TlsConfig
 from vigil.config.load import load_alert_table, load_config, parse_config
+from vigil.config.otlp import OtlpConfig
 from vigil.config.renamed import RENAMED_KEYS
 from vigil.config.root import Config
 from vigil.config.serve import ServeConfig
@@ -66,6 +67,7 @@ __all__ = [
     "HttpClientConfig",
     "KedaConfig",
     "OAuth2Config",
+    "OtlpConfig",
     "PoolConfig",
     "RulesConfig",
     "ScalingConfig",

@@ -32,6 +32,7 @@ from vigil.config.fleet import (
 from vigil.config.gateway import (
     GatewayConfig,
 )
+from vigil.config.otlp import OtlpConfig
 from vigil.config.renamed import _migrate_renamed
 from vigil.config.serve import ServeConfig
 from vigil.conventions import KIND_VLLM
@@ -59,6 +60,7 @@ class Config(Section):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     dashboard: DashboardConfig = Field(default_factory=DashboardConfig)
     serve: ServeConfig = ServeConfig()
+    otlp: OtlpConfig = Field(default_factory=OtlpConfig)
     rules: RulesConfig = Field(default_factory=RulesConfig)
     capacity: CapacityConfig = Field(default_factory=CapacityConfig)
     #: Where the file was read from ("" when built in code); relative store paths resolve here.
