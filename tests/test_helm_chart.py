@@ -760,3 +760,24 @@ def test_cli_names_the_option_of_a_bad_selector() -> None:
         generate_overlay(merged, file="v.yaml")
     assert info.value.key == "podMonitors.podSelector"
     assert info.value.file == "v.yaml"
+
+
+def test_the_otlp_receiver_gets_a_container_port_and_a_service_port(
+        chart: helm_python.Chart) -> None:
+    """``config.otlp.listen`` starts serve's OTLP receiver: the pod and the Service expose
+    its port, named ``otlp``, for the routers and vLLM to send their spans to; a loopback
+    address, which nothing outside the pod reaches, is refused at render time."""
+    docs = render(chart, [{"config": {"otlp": {"listen": "0.0.0.0:4318"}}}])
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    ports = {p["name"]: p for p in sts["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert ports["otlp"]["containerPort"] == 4318
+    (service,) = [d for d in docs if d["kind"] == "Service" and "clusterIP" not in d["spec"]]
+    served = {p["name"]: p for p in service["spec"]["ports"]}
+    assert served["otlp"] == {"name": "otlp", "port": 4318, "targetPort": "otlp",
+                              "protocol": "TCP"}
+    assert 'listen = "0.0.0.0:4318"' in _vigil_toml(docs)
+    plain = render(chart, [{}])
+    (sts,) = [d for d in plain if d["kind"] == "StatefulSet"]
+    assert "otlp" not in {p["name"] for p in sts["spec"]["template"]["spec"]["containers"][0]
+                          ["ports"]}
+    assert "loopback" in refusal(chart, [{"config": {"otlp": {"listen": "127.0.0.1:4318"}}}])

@@ -169,3 +169,18 @@ topologySpreadConstraints:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The port of config.otlp.listen ("host:port"), or nothing when the receiver is off. A receiver
+on loopback could not be reached from outside the pod: refused, naming the key.
+*/}}
+{{- define "vigil.otlpPort" -}}
+{{- $listen := ((.Values.config).otlp).listen | default "" -}}
+{{- if $listen -}}
+{{- $host := regexReplaceAll ":[0-9]+$" $listen "" | trimAll "[]" -}}
+{{- if or (eq $host "127.0.0.1") (eq $host "localhost") (eq $host "::1") -}}
+{{- fail (printf "config.otlp.listen %q listens on loopback, which nothing outside the pod reaches: use 0.0.0.0:<port>" $listen) -}}
+{{- end -}}
+{{- regexFind "[0-9]+$" $listen -}}
+{{- end -}}
+{{- end -}}

@@ -55,6 +55,12 @@ spec:
         - name: metrics
           containerPort: {{ $s.port }}
           protocol: TCP
+        {{- with include "vigil.otlpPort" $root }}
+        # config.otlp.listen: the OTLP/HTTP receiver routers and vLLM send their spans to.
+        - name: otlp
+          containerPort: {{ . }}
+          protocol: TCP
+        {{- end }}
       {{- with $s.startupProbe }}
       startupProbe:
         {{- toYaml . | nindent 8 }}
