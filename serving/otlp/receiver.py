@@ -12,7 +12,8 @@ out); ``serve_http`` puts it on a standard-library threading HTTP server.
 **Every span is counted by outcome** (``counts()``): ``recorded`` (its part was accepted),
 ``not_request`` (not a request span: skipped), ``rejected`` by reason (``Rejected.reason``),
 ``late`` (its request's record was already released, or the same span twice: a collector's
-retry) and ``throttled`` (in an export answered 503, which the sender retries). Rejected spans
+retry), ``throttled`` (in an export answered 503, which the sender retries) and ``elsewhere``
+(a request Vigil's gateway recorded, or of a pool left to it: not an error). Rejected spans
 are reported in the response's ``partial_success`` with HTTP 200, so the sender does not retry
 them (the OTLP specification: a partial success MUST NOT be retried).
 
