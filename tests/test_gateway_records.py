@@ -253,25 +253,34 @@ _LAYOUT = ("SELECT type, name, sql FROM sqlite_master WHERE tbl_name = 'gateway_
 
 
 def test_an_old_records_file_is_adopted_unchanged_with_its_rows(tmp_path: Path) -> None:
+    """A file the SQLite-only versions wrote is adopted as schema step 1 (its table as it
+    is), then step 2 adds the cached prompt tokens: its rows read back with None there."""
     path = tmp_path / "gw.db"
     old = sqlite3.connect(path)
     old.execute(_OLD_SCHEMA)
     old.execute("CREATE INDEX IF NOT EXISTS gateway_requests_pool_ts "
                 "ON gateway_requests (pool, ts_s)")
     kept = _rec(1, ts=5.0)
-    old.execute(f"INSERT OR REPLACE INTO gateway_requests VALUES ({', '.join('?' * 29)})", kept)
+    old.execute(f"INSERT OR REPLACE INTO gateway_requests VALUES ({', '.join('?' * 29)})",
+                tuple(kept)[:29])
     old.commit()
     layout = old.execute(_LAYOUT).fetchall()
     old.close()
     w = RecordWriter(path)
     w.start()
-    w.put(_rec(2, ts=6.0))
+    w.put(_rec(2, ts=6.0)._replace(cached_tokens=4))
     w.close()
-    assert GatewayRecords(path).rows(None, 10, 10) == [kept, _rec(2, ts=6.0)]
+    assert GatewayRecords(path).rows(None, 10, 10) == [
+        kept, _rec(2, ts=6.0)._replace(cached_tokens=4)]
     conn = sqlite3.connect(path)
-    assert conn.execute(_LAYOUT).fetchall() == layout
+    (table,) = [row for row in conn.execute(_LAYOUT).fetchall() if row[0] == "table"]
+    (old_table,) = [row for row in layout if row[0] == "table"]
+    assert table[2].startswith(old_table[2].rstrip(")").rstrip())
+    assert table[2].endswith("cached_tokens INTEGER)")
+    assert [r for r in conn.execute(_LAYOUT).fetchall() if r[0] != "table"] == [
+        r for r in layout if r[0] != "table"]
     assert conn.execute("SELECT component, version FROM vigil_schema").fetchall() == [
-        ("gateway_records", 1)]
+        ("gateway_records", 2)]
     conn.close()
 
 

@@ -264,3 +264,16 @@ def test_a_discovered_target_places_spans_once_known() -> None:
     placer._read_at = float("-inf")  # the next reading is due (it is paced to once a second)
     part = part_of(span, placer)
     assert isinstance(part, Part) and (part.pool, part.replica) == ("batch", "pod-7")
+
+
+def test_cached_prompt_tokens_are_kept_when_a_span_says() -> None:
+    """The GenAI conventions' ``gen_ai.usage.cache_read.input_tokens`` (Envoy AI Gateway,
+    LiteLLM's semconv mode) is the record's ``cached_tokens``; none said is None."""
+    placer = Placer(_config())
+    part = part_of(_litellm(**{"gen_ai.usage.cache_read.input_tokens": 640}), placer)
+    assert isinstance(part, Part)
+    assert merge([part]).cached_tokens == 640
+    plain = part_of(_vllm(), placer)
+    assert isinstance(plain, Part) and merge([plain]).cached_tokens is None
+    bad = part_of(_litellm(**{"gen_ai.usage.cache_read.input_tokens": -3}), placer)
+    assert isinstance(bad, Rejected) and bad.reason == "bad token count"

@@ -125,6 +125,8 @@ class RequestRecord(NamedTuple):
     #: The HTTP status the client got (0 when the log does not say); a stream that failed
     #: after its 200 keeps 200 and has ``error`` set.
     status: int = 0
+    #: Prompt tokens served from the engine's prefix cache (None: the source does not say).
+    cached_tokens: int | None = None
 
 
 def finite(value: float) -> bool:

@@ -103,6 +103,7 @@ class Part:
     stream: bool
     prompt_tokens: int | None
     completion_tokens: int | None
+    cached_tokens: int | None
     ttft_s: float | None
     queue_s: float | None
     e2e_s: float | None
@@ -271,14 +272,17 @@ def part_of(span: RequestSpan, placer: Placer, peer: str = "") -> Part | Rejecte
     completion = _tokens(span.get(*(("gen_ai.usage.completion_tokens",) if engine else (
         "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens",
         "llm.token_count.completion"))))
+    cached = _tokens(span.get("gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cached_tokens",
+                              "llm.token_count.prompt_details.cache_read"))
     ttft = _seconds(span.get("gen_ai.latency.time_to_first_token",
                              "gen_ai.response.time_to_first_chunk"), "time to first token")
     queue = _seconds(span.get("gen_ai.latency.time_in_queue"), "gen_ai.latency.time_in_queue")
     e2e = _seconds(span.get("gen_ai.latency.e2e"), "gen_ai.latency.e2e")
-    for value in (prompt, completion, ttft, queue, e2e):
+    for value in (prompt, completion, cached, ttft, queue, e2e):
         if isinstance(value, Rejected):
             return value
     assert not isinstance(prompt, Rejected) and not isinstance(completion, Rejected)
+    assert not isinstance(cached, Rejected)
     assert not isinstance(ttft, Rejected) and not isinstance(queue, Rejected)
     assert not isinstance(e2e, Rejected)
     if engine and ttft == 0.0:
@@ -320,7 +324,8 @@ def part_of(span: RequestSpan, placer: Placer, peer: str = "") -> Part | Rejecte
         key_id=_first(span, ("metadata.user_api_key_hash", "litellm.api_key.hash")),
         stream=_truthy(span.get("gen_ai.request.stream", "llm.is_streaming",
                                 "litellm.request.streaming")),
-        prompt_tokens=prompt, completion_tokens=completion, ttft_s=ttft, queue_s=queue,
+        prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached,
+        ttft_s=ttft, queue_s=queue,
         e2e_s=e2e, status=status, error=error, error_class=error_class,
         request_id=request_id, message=(span.status_message or error_type)[:500])
 
@@ -373,5 +378,6 @@ def merge(parts: Sequence[Part]) -> GatewayRecord:
         error=any(p.error for p in parts), error_class=_pick(parts, "error_class", "router"),
         cache_hit="", requested_max_tokens=None, max_tokens=None, max_tokens_decision="",
         cost_usd=None, saved_usd=None, upstream_id=_pick(parts, "request_id", ENGINE),
-        batch_id="", message=_pick(parts, "message", "router"))
+        batch_id="", message=_pick(parts, "message", "router"),
+        cached_tokens=_pick(parts, "cached_tokens", ENGINE))
 

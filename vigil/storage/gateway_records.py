@@ -108,19 +108,28 @@ class GatewayRecord(NamedTuple):
     batch_id: str
     #: The error message for refusals and failures ("" otherwise), at most 500 characters.
     message: str
+    #: Prompt tokens served from the engine's prefix cache (of ``prompt_tokens``); None when
+    #: the source does not say (schema step 2: a router's or vLLM's span may).
+    cached_tokens: int | None = None
 
 
 
 COLUMNS: tuple[str, ...] = GatewayRecord._fields
 #: The records' schema steps (append-only). Step 1 is the table as the SQLite-only versions
-#: created it, so their files are adopted unchanged.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (SCHEMA,)
+#: created it, so their files are adopted unchanged; step 2 adds the cached prompt tokens
+#: (nullable: a release that does not know the column still inserts its rows).
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    SCHEMA,
+    (f"ALTER TABLE {_T} ADD COLUMN cached_tokens INTEGER",),
+)
 _STREAM, _ERROR = COLUMNS.index("stream"), COLUMNS.index("error")
 
 
 def pg_type(column: str) -> str:
-    """The PostgreSQL type of ``column`` as the schema declares it (``Dialect.ddl``'s)."""
-    found = re.search(rf"^    {column} (TEXT|REAL|INTEGER)\b", SCHEMA[0], re.MULTILINE)
+    """The PostgreSQL type of ``column`` as the schema steps declare it (``Dialect.ddl``'s)."""
+    steps = "\n".join(statement for step in MIGRATIONS for statement in step)
+    found = re.search(rf"^(?:    |ALTER TABLE \w+ ADD COLUMN ){column} (TEXT|REAL|INTEGER)\b",
+                      steps, re.MULTILINE)
     if found is None:
         raise RuntimeError(f"column {column!r} is not in the records schema")
     return {"TEXT": "text", "REAL": "double precision", "INTEGER": "bigint"}[found[1]]
