@@ -33,6 +33,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from bench.processes import fresh_postgres
 from serving.otlp.receiver import PROTOBUF, OtlpReceiver
 from vigil.clock import ManualClock
 from vigil.config import Config, parse_config
@@ -119,16 +120,6 @@ def run_round(cfg: Config, bodies: list[bytes]) -> tuple[float, float]:
     if counts["spans"]["recorded"] != spans or counts["written"] != spans // 2:
         raise SystemExit(f"not every span recorded: {counts}")
     return spans / total, counts["written"] / total
-
-
-def fresh_postgres(url: str, name: str) -> str:
-    """A new empty database ``name`` on the server of ``url``; its URL."""
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return url.rsplit("/", 1)[0] + "/" + name
 
 
 def main() -> None:

@@ -18,8 +18,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["cpu_pressure_us", "cpu_seconds", "free_port", "own_cpu_seconds", "postgres", "stop",
-           "wait_http"]
+__all__ = ["cpu_pressure_us", "cpu_seconds", "free_port", "fresh_postgres", "own_cpu_seconds",
+           "postgres", "stop", "wait_http"]
 
 
 def free_port() -> int:
@@ -92,3 +92,13 @@ def postgres() -> Iterator[str]:
         yield server.url()
     finally:
         server.close()
+
+
+def fresh_postgres(url: str, name: str) -> str:
+    """A new empty database ``name`` on the server of ``url``; its URL."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return url.rsplit("/", 1)[0] + "/" + name

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.processes import postgres
+from bench.processes import fresh_postgres, postgres
 from serving.gateway.records import RecordWriter
 from vigil.storage.gateway_records import GatewayRecord
 
@@ -65,16 +65,6 @@ def run_round(target: str | Path, n: int) -> tuple[float, float]:
     if writer.written != n or writer.dropped:
         raise SystemExit(f"wrote {writer.written}, dropped {writer.dropped} of {n}")
     return n / total_s, put_s / n * 1e6
-
-
-def fresh_postgres(url: str, name: str) -> str:
-    """A new empty database ``name`` on the server of ``url``; its URL."""
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return url.rsplit("/", 1)[0] + "/" + name
 
 
 def main() -> None:

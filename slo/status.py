@@ -21,7 +21,7 @@ from slo.cost.pool import pool_cost
 from slo.objectives.anomaly import pool_anomalies
 from slo.objectives.burn_rate import burn_windows, evaluate_slo
 from slo.objectives.quantiles import model_quantiles
-from slo.objectives.recorded import QuerySource, RecordedRead, read_recorded
+from slo.objectives.recorded import QuerySource, RecordedRead, read_recorded, recordable
 from slo.objectives.sli import (
     REASON_NO_DATA,
     REASON_NO_REQUEST_DATA,
@@ -279,8 +279,7 @@ def _read_recorded(config: Config, source: Source, specs: list[SloSpec], at_s: f
     if config.engine.recorded_rules == "off" or not is_external(source) \
             or not isinstance(source, QuerySource):
         return None
-    covered = [s for s in specs if s.endpoint == ENDPOINT_ALL and 0.0 < s.objective < 1.0
-               and not (request_log is not None and s.indicator == "availability")]
+    covered = [s for s in specs if recordable(s, request_log=request_log is not None)]
     windows = {*burn_windows(config.engine.burn_rate_alerts), config.engine.window}
     try:
         return read_recorded(source, covered, at_s, windows_s=windows,

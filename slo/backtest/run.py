@@ -49,14 +49,13 @@ from slo.objectives.burn_rate import (
     burn_windows,
     slo_burn_alerts,
 )
-from slo.objectives.recorded import RangeQuerySource, recorded_tracks
+from slo.objectives.recorded import RangeQuerySource, recordable, recorded_tracks
 from slo.objectives.sli import error_ratio
 from slo.objectives.spec import SloSpec, effective_slos
 from slo.promql.lookup import FloatArray
 from slo.promql.tracks import Grid, Track
 from slo.sources.protocol import RangeSource, RequestLog, is_external
 from vigil.config import Config
-from vigil.conventions import ENDPOINT_ALL
 from vigil.durations import format_duration
 
 __all__ = [
@@ -337,8 +336,7 @@ def _recorded_ratios(config: Config, source: RangeSource, spec: SloSpec, grid: G
     if config.engine.recorded_rules == "off" or not is_external(source) \
             or not isinstance(source, RangeQuerySource):
         return None, ""
-    if spec.endpoint != ENDPOINT_ALL or not 0.0 < spec.objective < 1.0 \
-            or (spec.indicator == "availability" and request_log is not None):
+    if not recordable(spec, request_log=request_log is not None):
         return None, ""
     windows = burn_windows(slo_burn_alerts(config.engine.burn_rate_alerts, spec.period_s))
     return recorded_tracks(source, spec, grid, windows)

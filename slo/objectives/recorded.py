@@ -43,6 +43,7 @@ import numpy as np
 from slo.objectives.spec import SloSpec, spec_version
 from slo.promql.tracks import Grid, Track
 from vigil.conventions import (
+    ENDPOINT_ALL,
     LABEL_SLO,
     LABEL_SPEC_VERSION,
     RULE_SLI_ERROR,
@@ -58,6 +59,7 @@ __all__ = [
     "Recorded",
     "RecordedRead",
     "read_recorded",
+    "recordable",
     "recorded_query",
     "recorded_range_s",
     "recorded_tracks",
@@ -122,6 +124,15 @@ def sli_record_name(window_s: float) -> str:
     """``slo:sli_error:ratio_rate5m`` for 300 seconds: the record of an SLO's error ratio
     over a window, as the generator names it and readers read it."""
     return RULE_SLI_ERROR.format(window=prom_duration(window_s))
+
+
+def recordable(spec: SloSpec, *, request_log: bool) -> bool:
+    """Whether the store's rules record ``spec``'s ratios for the readers to take: not a
+    per-endpoint SLO (no rule can express it), not an objective of 0 or 1 (no budget to
+    burn), and not availability where the gateway's records exist (``request_log``: exact
+    from them, where a rule sees only 5xx answers)."""
+    return (spec.endpoint == ENDPOINT_ALL and 0.0 < spec.objective < 1.0
+            and not (request_log and spec.indicator == "availability"))
 
 
 def recorded_range_s(interval_s: float, period_interval_s: float) -> float:

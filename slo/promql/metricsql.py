@@ -32,10 +32,10 @@ same window: ``R`` is ``increase_prometheus``, ``n`` ``count_over_time``, ``t_1`
 whole milliseconds) with ``T - w`` still taken from ``w``.
 
 What cannot be reproduced: VictoriaMetrics' ``removeCounterResets`` corrects a counter drop
-of less than 1/8 of the value before it as a *partial reset* (it adds the drop back, issue
-2787) where PromQL adds the whole value before the drop, so ``R`` over a window holding such a
-drop is short by the value after it; releases after 1.79 also restart the correction after a
-gap longer than the staleness interval (issue 8072). Timestamps reach MetricsQL as float
+of less than 1/8 of the value before it as a *partial reset* (it adds the drop back, in
+app/vmselect/promql/rollup.go) where PromQL adds the whole value before the drop, so ``R`` over
+a window holding such a drop is short by the value after it; releases after 1.79 also restart
+the correction after a gap longer than the staleness interval. Timestamps reach MetricsQL as float
 seconds (about 1e-7 s of rounding at today's epoch), so the factor agrees to ~1e-9 relative,
 not to the bit.
 """
