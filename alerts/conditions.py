@@ -29,6 +29,14 @@ KvCacheUsageHigh (per replica)  ticket    ``kv_cache_usage_perc > [alerts] kv_us
 TokenAnomaly (per pool, model)  ticket    ``anomalies[]`` lists requests above the threshold
 TargetDown (per target)         ticket    the last ``[alerts] target_down_scrapes`` failed
 ScalingRecommendationChanged    ticket    a pool's recommendation is not ``hold``
+BudgetSpent (per budget)        budget's  the month's spend reached one of its
+                                          ``alert_at`` shares (labelled with the highest:
+                                          crossing the next one replaces it, so each
+                                          crossing is one notification; the month's end
+                                          resolves it)
+BudgetForecastExhausted         budget's  the trailing rate would spend it before the
+(per budget)                              month ends (the date in the annotations); it
+                                          resolves when the rate flattens
 ==============================  ========  ===============================================
 
 The severities of KvCacheUsageHigh and TargetDown are those of the Prometheus rules that
@@ -39,12 +47,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from alerts.model import Alert
+from slo.cost.budgets import BudgetStatus
 from slo.objectives.burn_rate import status_burn_alerts
 from vigil.config import Config
 from vigil.conventions import (
+    ALERT_BUDGET_FORECAST,
+    ALERT_BUDGET_SPENT,
     ALERT_ERROR_BUDGET_BURN,
     ALERT_ERROR_BUDGET_LOW,
     ALERT_KV_CACHE_HIGH,
@@ -57,11 +69,16 @@ from vigil.conventions import (
     ANNOTATION_OBSERVED,
     ANNOTATION_SUMMARY,
     LABEL_ALERTNAME,
+    LABEL_BUDGET,
     LABEL_INSTANCE,
     LABEL_MODEL,
+    LABEL_MONTH,
     LABEL_POOL,
     LABEL_SEVERITY,
+    LABEL_SHARE,
     LABEL_SLO,
+    LABEL_TENANT,
+    LABEL_TIER,
     SEVERITY_TICKET,
 )
 from vigil.durations import format_duration
@@ -297,6 +314,44 @@ def _scaling_alerts(config: Config, status: Mapping[str, Any],
     return out, seen
 
 
+def _budget_alerts(config: Config, budgets: Iterable[BudgetStatus]) -> list[_Candidate]:
+    """BudgetSpent at the highest share crossed, BudgetForecastExhausted while the trailing
+    rate would spend the budget this month (see the module docstring)."""
+    out = []
+    for b in budgets:
+        cur = b.currency
+        base = {**_base_labels(ALERT_BUDGET_SPENT, b.severity, b.pool, ""),
+                LABEL_BUDGET: b.name, LABEL_TENANT: b.tenant, LABEL_TIER: b.tier,
+                LABEL_MONTH: b.month}
+        spent = f"{b.spent:.2f} {cur} of {b.monthly:.2f} {cur}"
+        forecast = ("" if b.forecast is None else
+                    f" At the trailing rate the month ends at {b.forecast:.2f} {cur}.")
+        if b.crossed is not None:
+            share = f"{b.crossed * 100:g}%"
+            out.append(_Candidate({**base, LABEL_SHARE: share}, {
+                ANNOTATION_SUMMARY: f"Budget {b.name}: {share} spent for {b.month}",
+                ANNOTATION_DESCRIPTION: (f"Budget {b.name} (tenant {b.tenant}) has spent "
+                                         f"{spent} ({b.share * 100:.1f}%) in {b.month}."
+                                         + forecast),
+                ANNOTATION_DASHBOARD_URL: config.alerts.dashboard_url,
+                ANNOTATION_OBSERVED: f"{b.spent:.2f} {cur}",
+                ANNOTATION_OBJECTIVE: f"{b.monthly:.2f} {cur}",
+            }))
+        if b.exhausted_at is not None and any(
+                c.forecast for c in config.budgets if c.display_name() == b.name):
+            when = datetime.fromtimestamp(b.exhausted_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+            out.append(_Candidate({**base, LABEL_ALERTNAME: ALERT_BUDGET_FORECAST}, {
+                ANNOTATION_SUMMARY: f"Budget {b.name} would run out on {when}",
+                ANNOTATION_DESCRIPTION: (f"Budget {b.name} (tenant {b.tenant}) has spent "
+                                         f"{spent} in {b.month}; at the trailing rate it is "
+                                         f"spent on {when}, before the month ends." + forecast),
+                ANNOTATION_DASHBOARD_URL: config.alerts.dashboard_url,
+                ANNOTATION_OBSERVED: f"{b.forecast or 0.0:.2f} {cur} by the month's end",
+                ANNOTATION_OBJECTIVE: f"{b.monthly:.2f} {cur}",
+            }))
+    return out
+
+
 def _target_alerts(config: Config, targets: Iterable[TargetHealth],
                    previous: Mapping[str, tuple[float, int]],
                    down_streaks: Mapping[str, int] | None
@@ -361,14 +416,15 @@ def evaluate_conditions(
     *,
     kv_usage: Mapping[tuple[str, str], float] | None = None,
     down_streaks: Mapping[str, int] | None = None,
+    budgets: Iterable[BudgetStatus] = (),
 ) -> tuple[list[Alert], ConditionState]:
     """Every alert condition at ``now`` (Unix seconds).
 
     ``status``: ``slo.status.evaluate``'s dict. ``targets``: the store's target health.
     ``kv_usage``: ``{(pool, instance): ratio 0-1}`` per replica (``kv_usage_by_replica``);
     without it the pool's max stands in. ``down_streaks``: consecutive failed scrapes per
-    target. Returns the firing alerts plus those resolved now (``ends_at = now``), and the
-    state for the next call.
+    target. ``budgets``: every budget's status now (``slo.cost.budgets``). Returns the firing
+    alerts plus those resolved now (``ends_at = now``), and the state for the next call.
     """
     candidates = _burn_alerts(config, status)
     candidates += _kv_alerts(config, status, kv_usage)
@@ -377,6 +433,7 @@ def evaluate_conditions(
     candidates += scaling_alerts
     target_alerts, down_state = _target_alerts(config, targets, previous.down, down_streaks)
     candidates += target_alerts
+    candidates += _budget_alerts(config, budgets)
 
     firing: dict[str, Alert] = {}
     pending: dict[str, float] = {}

@@ -22,10 +22,13 @@ from prometheus_client.registry import Collector
 
 from alerts.model import Alert
 from alerts.notifier import NotifierCounters
+from slo.cost.budgets import BudgetStatus
 from vigil.conventions import (
     LABEL_ACTION,
     LABEL_ALERTNAME,
+    LABEL_BUDGET,
     LABEL_COPY,
+    LABEL_CURRENCY,
     LABEL_INSTANCE,
     LABEL_KIND,
     LABEL_MODEL_NAME,
@@ -36,10 +39,15 @@ from vigil.conventions import (
     LABEL_SIGNAL,
     LABEL_SLO,
     LABEL_STAT,
+    LABEL_TENANT,
     LABEL_WINDOW,
     METRIC_ALERTS_FIRING,
     METRIC_ANOMALOUS_REQUESTS,
+    METRIC_BUDGET_AMOUNT,
+    METRIC_BUDGET_FORECAST,
     METRIC_BUDGET_REMAINING,
+    METRIC_BUDGET_SPENT,
+    METRIC_BUDGET_SPENT_RATIO,
     METRIC_BURN_RATE,
     METRIC_COST_PER_1000,
     METRIC_COST_PER_MILLION_TOKENS,
@@ -66,6 +74,7 @@ from vigil.conventions import (
     METRIC_SLO_RECORDED,
     METRIC_TARGET_SCRAPE_DURATION,
     METRIC_TARGET_UP,
+    METRIC_TENANT_COST,
     SCALING_ACTIONS,
 )
 from vigil.model import TargetHealth
@@ -100,6 +109,11 @@ class Snapshot:
     #: since the process started.
     evaluation_ok: bool | None = None
     evaluation_failures: int = 0
+    #: This month's cost per ``(tenant, pool)``, tenants bounded (``slo.cost.ledger
+    #: .top_tenants``), and every budget's status, in ``currency``.
+    tenant_costs: Sequence[tuple[str, str, float]] = ()
+    budgets: Sequence[BudgetStatus] = ()
+    currency: str = "USD"
 
 
 @dataclass(frozen=True)
@@ -111,6 +125,31 @@ class LeaderRole:
     leader: bool
     term: int
     acquisitions: int
+
+
+def _cost_families(snap: Snapshot) -> Iterator[Metric]:
+    """The chargeback: each tenant's cost this month (a counter that starts again with each
+    month), and every budget's amount, spend, share and forecast."""
+    cur = snap.currency
+    cost = CounterMetricFamily(METRIC_TENANT_COST, f"GPU cost attributed to the tenant this "
+                               f"month ({cur}; idle and unattributed as their own tenants)",
+                               labels=[LABEL_TENANT, LABEL_POOL, LABEL_CURRENCY])
+    for tenant, pool, value in snap.tenant_costs:
+        cost.add_metric([tenant, pool, cur], value)
+    yield cost
+    labels = [LABEL_BUDGET, LABEL_TENANT, LABEL_CURRENCY]
+    amount = _gauge(METRIC_BUDGET_AMOUNT, f"The monthly budget ({cur})", labels)
+    spent = _gauge(METRIC_BUDGET_SPENT, f"What the budget spent this month ({cur})", labels)
+    ratio = _gauge(METRIC_BUDGET_SPENT_RATIO, "Spent over the amount (1 = spent)", labels)
+    forecast = _gauge(METRIC_BUDGET_FORECAST, f"Spend at the month's end at the trailing rate "
+                      f"({cur})", labels)
+    for b in snap.budgets:
+        key = [b.name, b.tenant, cur]
+        _add(amount, key, b.monthly)
+        _add(spent, key, b.spent)
+        _add(ratio, key, b.share)
+        _add(forecast, key, b.forecast)
+    yield from (amount, spent, ratio, forecast)
 
 
 def _leader_families(role: LeaderRole) -> Iterator[Metric]:
@@ -305,6 +344,8 @@ class VigilCollector(Collector):
         yield from (ev, last, ok, failed)
         if snap.leadership is not None:
             yield from _leader_families(snap.leadership)
+        if snap.tenant_costs or snap.budgets:
+            yield from _cost_families(snap)
 
 
 class Exporter:

@@ -13,10 +13,12 @@ from pydantic import BaseModel
 from vigil.config import (
     AlertRouteConfig,
     ApiKeyConfig,
+    BudgetConfig,
     BurnRateAlert,
     Config,
     DiscoveryConfig,
     PoolConfig,
+    PriceConfig,
     SloConfig,
     TargetConfig,
     VllmProfileConfig,
@@ -108,7 +110,7 @@ def test_example_documents_every_key_with_a_comment():
     for field in _fields(Config):
         # tables of their own, checked below
         if field in ("prices", "pools", "targets", "discovery", "slos", "engine.burn_rate_alerts",
-                     "alerts.routes", "gateway.api_keys"):
+                     "alerts.routes", "gateway.api_keys", "cost.prices", "budgets"):
             continue
         assert field in keys_in_file, f"{field} missing from example"
     # arrays of tables too
@@ -117,6 +119,7 @@ def test_example_documents_every_key_with_a_comment():
         ("slos", SloConfig),
         ("engine.burn_rate_alerts", BurnRateAlert), ("alerts.routes", AlertRouteConfig),
         ("gateway.api_keys", ApiKeyConfig), ("pools.vllm", VllmProfileConfig),
+        ("cost.prices", PriceConfig), ("budgets", BudgetConfig),
     ):
         for name, info in sub.model_fields.items():
             if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):

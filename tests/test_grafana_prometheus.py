@@ -22,7 +22,7 @@ import httpx
 import pytest
 from support.dashboard_fleet import CONFIG, fleet_series
 from support.loopback import wait_for
-from support.prometheus import PrometheusServer, run_prometheus
+from support.prometheus import PrometheusServer, PromSeries, run_prometheus
 from support.prometheus_mode.systems import slo_status
 
 from alerts.rules.grafana import generate_grafana, panel_queries, variable_queries
@@ -31,11 +31,39 @@ from alerts.rules.model import RulesOptions, prom_duration
 from alerts.rules.pipeline import generate
 from serving.sim.testing import sample_values
 from vigil.config import load_config
-from vigil.conventions import FILE_ALERT_RULES, FILE_SLO_RULES
+from vigil.conventions import (
+    FILE_ALERT_RULES,
+    FILE_SLO_RULES,
+    LABEL_BUDGET,
+    LABEL_CURRENCY,
+    LABEL_POOL,
+    LABEL_TENANT,
+    METRIC_BUDGET_SPENT_RATIO,
+    METRIC_TENANT_COST,
+)
 
 pytestmark = pytest.mark.slow
 
 REL_TOL = 1e-9
+
+
+#: This month's cost per (tenant, pool) as `vigil serve` exports it (USD), and a budget's share.
+TENANT_COSTS = (("acme", "chat", 1.5), ("(idle)", "chat", 3.0), ("globex", "batch", 0.5))
+BUDGET_SHARE = ("acme", 0.3)
+
+
+def _serve_series(now_s: int, history_s: int = 30 * 60) -> list[PromSeries]:
+    """The chargeback's series on `vigil serve`'s ``/metrics`` (the fleet's series have no
+    `vigil serve`): ``TENANT_COSTS`` and ``BUDGET_SHARE``, constant over the history."""
+    times = range((now_s - history_s) * 1000, now_s * 1000 + 1, 5000)
+    serve = {"job": "vigil", "instance": "serve-0", LABEL_CURRENCY: "USD"}
+    out = [PromSeries(f"{METRIC_TENANT_COST}_total", {**serve, LABEL_TENANT: t, LABEL_POOL: p},
+                      [(ts, usd) for ts in times]) for t, p, usd in TENANT_COSTS]
+    budget, share = BUDGET_SHARE
+    out.append(PromSeries(METRIC_BUDGET_SPENT_RATIO,
+                          {**serve, LABEL_BUDGET: budget, LABEL_TENANT: budget},
+                          [(ts, share) for ts in times]))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +76,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, ...]]
     dashboards = generate_grafana(result).dashboards
     now = int(time.time())
     rules = {FILE_SLO_RULES: result.slo_rules_text(), FILE_ALERT_RULES: result.alert_rules_text()}
-    with run_prometheus(fleet_series(now), rules=rules) as prom:
+    with run_prometheus([*fleet_series(now), *_serve_series(now)], rules=rules) as prom:
         wait_for("every rule group evaluated 3 times", lambda: _fewest_evaluations(prom) >= 3,
                  60, interval_s=0.5)
         yield prom, config_path, result, dashboards
@@ -116,6 +144,11 @@ def test_choosing_a_pool_narrows_every_pool_panel_to_it(world: tuple[Any, ...]) 
     idle = dict(panel_queries(dashboards["vigil-cost"]))["Replicas idle"]
     shares = {dict(k)["pool"]: v for k, v in _query(prom, substitute(idle), at).items()}
     assert shares == {"chat": 0.5, "batch": 0.0}
+    tenants = dict(panel_queries(dashboards["vigil-cost"]))["Cost by tenant this month"]
+    for pool in ("chat", "batch"):
+        got = _query(prom, substitute(tenants, {"pool": pool}), at)
+        want = {t: usd for t, p, usd in TENANT_COSTS if p == pool}
+        assert {dict(k)["tenant"]: v for k, v in got.items()} == want, pool
 
 
 def _value(prom: PrometheusServer, expr: str, at: float) -> tuple[float, float]:

@@ -50,6 +50,7 @@ VLLM_PROMPT_TOKENS_HIST = "vllm:request_prompt_tokens"
 VLLM_GENERATION_TOKENS_HIST = "vllm:request_generation_tokens"
 #: Counters and gauges (full sample names).
 VLLM_REQUEST_SUCCESS = "vllm:request_success_total"
+VLLM_PROMPT_TOKENS = "vllm:prompt_tokens_total"
 VLLM_GENERATION_TOKENS = "vllm:generation_tokens_total"
 VLLM_KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 VLLM_REQUESTS_WAITING = "vllm:num_requests_waiting"
@@ -279,6 +280,29 @@ METRIC_EVALUATION_FAILURES = "vigil_evaluation_failures"
 #: Copies of `vigil serve` on a shared database ([serve] database): 1 on the copy that holds
 #: the leader's lease (the one that delivers), 0 on the others; the lease's term number;
 #: how often this copy took the lead (a counter, without ``_total``).
+#: The chargeback on `vigil serve`'s /metrics: each tenant's cost this month (a counter that
+#: starts again at each month's start in ``[cost] timezone``; the top ``[cost]
+#: metrics_tenants`` tenants by name, the rest as ``other``), and each budget's figures.
+METRIC_TENANT_COST = "vigil_tenant_cost_usd"
+METRIC_BUDGET_AMOUNT = "vigil_budget_amount_usd"
+METRIC_BUDGET_SPENT = "vigil_budget_spent_usd"
+METRIC_BUDGET_SPENT_RATIO = "vigil_budget_spent_ratio"
+METRIC_BUDGET_FORECAST = "vigil_budget_forecast_usd"
+LABEL_TENANT = "tenant"
+LABEL_BUDGET = "budget"
+LABEL_CURRENCY = "currency"
+#: What the tenants past ``[cost] metrics_tenants`` are summed as.
+TENANT_OTHER = "other"
+#: Budget alerts: a share of a monthly budget crossed (labels ``budget``, ``tenant``,
+#: ``month``, ``share``), and the trailing rate spending it before the month ends.
+ALERT_BUDGET_SPENT = "BudgetSpent"
+ALERT_BUDGET_FORECAST = "BudgetForecastExhausted"
+LABEL_MONTH = "month"
+LABEL_SHARE = "share"
+#: `vigil serve`'s route with every budget's status (JSON), which gateways poll to enforce.
+SERVE_BUDGETS_PATH = "/budgets"
+#: The error code of the gateway's 429 for a spent budget (OpenAI-style body).
+ERROR_CODE_BUDGET = "budget_exceeded"
 METRIC_SERVE_LEADER = "vigil_serve_leader"
 METRIC_SERVE_LEASE_TERM = "vigil_serve_lease_term"
 METRIC_SERVE_LEADER_CHANGES = "vigil_serve_leader_acquisitions"
@@ -304,6 +328,8 @@ SERVE_DEFAULT_LISTEN = "127.0.0.1:9464"
 #: header, the value "off" opts the request out of the cache).
 HEADER_REQUEST_ID = "X-Vigil-Request-Id"
 HEADER_REPLICA = "X-Vigil-Replica"
+#: Set when a spent budget demoted (or refused) the request: ``demoted; budget="<name>"``.
+HEADER_BUDGET = "X-Vigil-Budget"
 HEADER_MAX_TOKENS = "X-Vigil-Max-Tokens"
 HEADER_CACHE = "X-Vigil-Cache"
 CACHE_HIT_L1 = "hit-l1"

@@ -127,6 +127,10 @@ class RequestRecord(NamedTuple):
     status: int = 0
     #: Prompt tokens served from the engine's prefix cache (None: the source does not say).
     cached_tokens: int | None = None
+    #: The replica (target name) that served it ("" when none or unknown), and the seconds it
+    #: waited at the gateway's admission before going there (part of ``e2e_s``).
+    replica: str = ""
+    queue_s: float = 0.0
 
 
 def finite(value: float) -> bool:

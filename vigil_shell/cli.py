@@ -60,6 +60,8 @@ COMMANDS = (
 #: ``vigil slo status`` and ``vigil slo backtest``: sub-subcommands.
 SLO_STATUS = "vigil_shell.slo_status_cli"
 SLO_BACKTEST = "vigil_shell.slo_backtest_cli"
+#: ``vigil cost report``.
+COST_REPORT = "vigil_shell.cost_cli"
 
 
 def _run_module(module: str) -> Any:
@@ -101,6 +103,14 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
         if selected == "slo":
             importlib.import_module(module).add_arguments(p)
         p.set_defaults(func=_run_module(module))
+
+    p = sub.add_parser("cost", help="GPU cost per tenant, tier, model and pool: the chargeback")
+    cost_sub = p.add_subparsers(dest="cost_command", metavar="SUBCOMMAND", required=True)
+    p = cost_sub.add_parser("report", help="a month's or a window's cost, adding up to the "
+                                           "GPU bill")
+    if selected == "cost":
+        importlib.import_module(COST_REPORT).add_arguments(p)
+    p.set_defaults(func=_run_module(COST_REPORT))
     return parser
 
 

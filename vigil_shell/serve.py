@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 import threading
@@ -46,6 +47,9 @@ from alerts.exporter import Exporter, LeaderRole, Snapshot
 from alerts.leadership import Leadership
 from alerts.model import Alert
 from alerts.notifier import Notifier, NotifierCounters, redact_url
+from slo.cost.budgets import BudgetStatus, BudgetTracker
+from slo.cost.ledger import Line, top_tenants
+from slo.cost.months import month_of
 from vigil.cli_options import add_config_option, add_listen_option, add_prometheus_url_option
 from vigil.cli_options import parse_listen as _parse_host_port
 from vigil.clock import Clock, system_clock
@@ -56,8 +60,10 @@ from vigil.conventions import (
     SERIES_SCRAPE_DURATION,
     SERIES_SCRAPE_SAMPLES,
     SERIES_UP,
+    SERVE_BUDGETS_PATH,
     SERVE_DEFAULT_LISTEN,
     TARGET_KINDS,
+    TENANT_OTHER,
     VLLM_KV_CACHE_USAGE,
 )
 from vigil.errors import ConfigError, LeaseLost, SourceError, StoreError
@@ -99,7 +105,8 @@ def parse_listen(value: str, *, allow_remote: bool = False) -> tuple[str, int]:
 
 # --- HTTP ---------------------------------------------------------------------------------
 def _http_server(host: str, port: int, exporter: Exporter,
-                 healthy: Callable[[], tuple[bool, str]]) -> ThreadingHTTPServer:
+                 healthy: Callable[[], tuple[bool, str]],
+                 budgets: Callable[[], bytes]) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
@@ -110,6 +117,8 @@ def _http_server(host: str, port: int, exporter: Exporter,
                 ok, text = healthy()
                 self._reply(200 if ok else 503, "text/plain; charset=utf-8",
                             (text + "\n").encode())
+            elif path == SERVE_BUDGETS_PATH:
+                self._reply(200, "application/json", budgets())
             else:
                 self._reply(404, "text/plain; charset=utf-8", b"not found: try /metrics\n")
 
@@ -137,12 +146,52 @@ class EvaluationResult:
 
     def __init__(self, status: dict[str, Any], targets: list[TargetHealth],
                  kv_usage: dict[tuple[str, str], float], down_streaks: dict[str, int],
-                 duration: float):
+                 duration: float, chargeback: ChargebackResult | None = None):
         self.status = status
         self.targets = targets
         self.kv_usage = kv_usage
         self.down_streaks = down_streaks
         self.duration = duration
+        self.chargeback = chargeback
+
+
+class ChargebackResult:
+    """This month's chargeback lines and every budget's status, as of ``at`` (Unix s)."""
+
+    def __init__(self, at: float, budgets: list[BudgetStatus], lines: list[Line]) -> None:
+        self.at = at
+        self.budgets = budgets
+        self.lines = lines
+
+
+class _Chargeback:
+    """The month's chargeback and budgets for ``/metrics``, ``/budgets`` and the budget
+    alerts, recomputed at most every ``[cost] evaluation_interval`` (``BudgetTracker`` keeps
+    the closed days). Runs on the evaluation thread. Nothing to do without gateway records
+    and without budgets."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.tracker = BudgetTracker(config)
+        self.last: ChargebackResult | None = None
+
+    def evaluate(self, source: Any, records: Any, at_s: float) -> ChargebackResult | None:
+        if records is None and not self.config.budgets:
+            return None
+        tz = self.config.cost.timezone
+        last = self.last
+        if (last is not None and at_s - last.at < self.config.cost.evaluation_interval
+                and month_of(last.at, tz) == month_of(at_s, tz)):
+            return last
+        try:
+            budgets = self.tracker.evaluate(source, records, at_s)
+        except (SourceError, StoreError) as exc:
+            # The budgets keep their last figures (their alerts neither fire nor resolve on
+            # an outage); the next evaluation tries again.
+            log.error("chargeback at %.3f not computed: %s", at_s, exc)
+            return last
+        self.last = ChargebackResult(at_s, budgets, self.tracker.month_lines)
+        return self.last
 
 
 def _replica_kv_usage(config: Config, source: Any, at_s: float) -> dict[tuple[str, str], float]:
@@ -181,6 +230,7 @@ class _StoreEvaluator:
     def __init__(self, config: Config):
         self.config = config
         self._store: Any = None
+        self._chargeback = _Chargeback(config)
 
     def describe(self) -> str:
         from slo.sources.open import embedded_semantics
@@ -208,10 +258,12 @@ class _StoreEvaluator:
 
         t0 = time.perf_counter()
         source = self._source()
-        status = evaluate(self.config, source, at_s, request_log=request_log(self.config))
+        records = request_log(self.config)
+        status = evaluate(self.config, source, at_s, request_log=records)
         health = list(self._store.target_health())
         return EvaluationResult(status, health, _replica_kv_usage(self.config, source, at_s),
-                                self._down_streaks(at_s, targets), time.perf_counter() - t0)
+                                self._down_streaks(at_s, targets), time.perf_counter() - t0,
+                                self._chargeback.evaluate(source, records, at_s))
 
     def _down_streaks(self, at_s: float, targets: Sequence[TargetConfig]) -> dict[str, int]:
         """Consecutive failed scrapes (``up == 0``) at the end of each target's ``up`` series."""
@@ -252,6 +304,7 @@ class _PrometheusEvaluator:
                                        http=config.engine.http, base_dir=config.config_dir(),
                                        dialect=config.engine.dialect)
         self._follow_server = sem == "auto"
+        self._chargeback = _Chargeback(config)
 
     def describe(self) -> str:
         sem = "the server's" if self._follow_server else self.source.semantics.value
@@ -268,14 +321,16 @@ class _PrometheusEvaluator:
         detected = source.server_semantics() if self._follow_server else None
         if detected is not None:
             source.semantics = detected
-        status = evaluate(self.config, source, at_s, request_log=request_log(self.config))
+        records = request_log(self.config)
+        status = evaluate(self.config, source, at_s, request_log=records)
         if self._follow_server:
             # The server answered: it said its version, or it never will (Thanos, Mimir...),
             # and the default stands.
             self._follow_server = False
         targets, streaks = self._replicas(at_s)
         return EvaluationResult(status, targets, _replica_kv_usage(self.config, source, at_s),
-                                streaks, time.perf_counter() - t0)
+                                streaks, time.perf_counter() - t0,
+                                self._chargeback.evaluate(source, records, at_s))
 
     def _replicas(self, at_s: float) -> tuple[list[TargetHealth], dict[str, int]]:
         """Per replica of every pool (vLLM and DCGM series): its latest scrape as target
@@ -373,6 +428,8 @@ class Server:
         self.otlp: Any = None
         self.otlp_listen: tuple[str, int] = ("", 0)
         self._last: EvaluationResult | None = None
+        #: This month's chargeback and budgets (``/budgets``, ``/metrics``, budget alerts).
+        self.chargeback: ChargebackResult | None = None
 
     # --- jobs: each starts its own task so that shutdown can wait for it --------------------
     def _spawn(self, name: str, make: Callable[[], Awaitable[Any]]) -> None:
@@ -501,9 +558,12 @@ class Server:
                         self.failures)
         self.failures = 0
         self.last_error = ""
+        if result.chargeback is not None:
+            self.chargeback = result.chargeback
         alerts, self.state = evaluate_conditions(
             self.config, result.status, result.targets, self.state, now,
             kv_usage=result.kv_usage, down_streaks=result.down_streaks,
+            budgets=self.chargeback.budgets if self.chargeback else (),
         )
         for a in alerts:
             if a.starts_at == now and a.firing:
@@ -590,7 +650,20 @@ class Server:
             evaluation_duration=r.duration if r else None,
             evaluated_at=r.status.get("at") if r else None,
             routes=tuple(x.name for x in self.config.alerts.routes),
+            tenant_costs=(top_tenants(self.chargeback.lines, self.config.cost.metrics_tenants,
+                                      TENANT_OTHER) if self.chargeback else ()),
+            budgets=tuple(self.chargeback.budgets) if self.chargeback else (),
+            currency=self.config.cost.currency,
         ))
+
+    def budgets_json(self) -> bytes:
+        """``/budgets``: every budget's status as of the last chargeback (``at`` null and no
+        budgets before the first), which gateways poll to enforce them."""
+        cb = self.chargeback
+        return json.dumps({
+            "at": cb.at if cb else None, "currency": self.config.cost.currency,
+            "budgets": [b.as_dict() for b in cb.budgets] if cb else [],
+        }, allow_nan=False).encode()
 
     @property
     def source(self) -> str:
@@ -633,7 +706,7 @@ class Server:
         if self.config.otlp.listen:
             self._start_otlp()
         host, port = self.listen
-        self._http = _http_server(host, port, self.exporter, self.healthy)
+        self._http = _http_server(host, port, self.exporter, self.healthy, self.budgets_json)
         self.listen = (host, int(self._http.server_address[1]))
         threading.Thread(target=self._http.serve_forever, name="vigil-http",
                          daemon=True).start()

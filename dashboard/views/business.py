@@ -1,19 +1,25 @@
 """Business: GPU cost per 1000 requests and per 1M output tokens over time by pool (and tier
-with gateway data), generated tokens per request, idle GPU cost, semantic-cache savings, and
-a what-if panel (price per GPU-hour and replicas in, cost per 1000 requests out)."""
+with gateway data), generated tokens per request, idle GPU cost, semantic-cache savings, the
+cost by tenant over the range (the chargeback, with each pool's reconciliation and this
+month's budgets), and a what-if panel (price per GPU-hour and replicas in, cost per 1000
+requests out)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, data, layout, whatif
+from dashboard import charts, cost_data, data, layout, whatif
 from dashboard import empty_states as empty
 from dashboard import format as fmt
 from dashboard.timeseries import chart_step, chart_times
+from slo.cost.budgets import BudgetStatus, BudgetTracker
+from slo.cost.months import month_of
+from vigil.clock import system_clock
 from vigil.config import PoolConfig
 from vigil.conventions import VLLM_GENERATION_TOKENS_HIST
 from vigil.durations import format_duration
@@ -168,6 +174,157 @@ def _gateway(pools: list[PoolConfig], times: list[float], window_s: float, at_s:
                  empty.tier_gap(blocks))
 
 
+# --- cost by tenant -----------------------------------------------------------------------------
+def _settled(end_s: float) -> bool:
+    """True when no sample can still arrive for ``end_s`` (as ``data.point`` decides)."""
+    return end_s <= system_clock() - data.SETTLED_SCRAPES * ctx.config.collector.scrape_interval
+
+
+def _tenant_cost(key: tuple[str, int], start_s: float, end_s: float, pools: tuple[str, ...],
+                 by: tuple[str, ...]) -> cost_data.TenantCost:
+    e = data.env(key)
+    return cost_data.tenant_cost(e.source, e.config, e.log, start_s, end_s, pools, by)
+
+
+# A settled range cannot change; a live one is read again after a few seconds, like a point.
+_tenant_cost_settled = st.cache_data(ttl=data.SETTLED_TTL_S, max_entries=64,
+                                     show_spinner=False)(_tenant_cost)
+_tenant_cost_recent = st.cache_data(ttl=data.RECENT_TTL_S, max_entries=16,
+                                    show_spinner=False)(_tenant_cost)
+
+
+class _Tracker:
+    """A ``BudgetTracker`` shared by the sessions of one config (it keeps the month's closed
+    days, so a refresh recomputes only today), and the lock that serialises its use."""
+
+    def __init__(self, key: tuple[str, int]) -> None:
+        self.tracker = BudgetTracker(data.env(key).config)
+        self.lock = threading.Lock()
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _tracker(path: str, mtime_ns: int) -> _Tracker:
+    return _Tracker((path, mtime_ns))
+
+
+def _budgets(key: tuple[str, int], at_s: float) -> tuple[list[BudgetStatus], bool]:
+    """Every budget at ``at_s``, and whether its spend is measured: the month so far holds
+    data (billed time or a request) and there are records to name the tenants. Without, the
+    spend is absent, not 0."""
+    e = data.env(key)
+    t = _tracker(*key)
+    with t.lock:
+        statuses = t.tracker.evaluate(e.source, e.log, at_s)
+        return statuses, e.log is not None and bool(t.tracker.month_lines)
+
+
+_budgets_settled = st.cache_data(ttl=data.SETTLED_TTL_S, max_entries=64,
+                                 show_spinner=False)(_budgets)
+_budgets_recent = st.cache_data(ttl=data.RECENT_TTL_S, max_entries=16,
+                                show_spinner=False)(_budgets)
+
+
+def _tenant_table(tc: cost_data.TenantCost) -> None:
+    cur = tc.currency
+    st.markdown(f"**Chargeback of the range** ({fmt.timestamp(tc.start_s)} to "
+                f"{fmt.timestamp(tc.end_s)}: {tc.total:,.2f} {cur} in all; each pool's GPU "
+                "cost split over its tenants by the GPU time of their requests, idle time as "
+                f"`[cost] idle = \"{tc.idle_policy}\"` says)")
+    per = st.column_config.NumberColumn(format="%.3f")
+    st.dataframe(pd.DataFrame(cost_data.table_rows(tc)), hide_index=True, key="tenant-cost",
+                 column_config={
+                     cost_data.money("cost", cur): st.column_config.NumberColumn(format="%.2f"),
+                     "GPU-hours": st.column_config.NumberColumn(format="%.3f"),
+                     "requests": st.column_config.NumberColumn(format="%d"),
+                     cost_data.money("per 1000 requests", cur): per,
+                     cost_data.money("per 1M output tokens", cur): per,
+                     "SLO met": st.column_config.NumberColumn(format="percent"),
+                     cost_data.money("per SLO-met request", cur): per,
+                 })
+    st.caption("`(idle)` is GPU time billed with nothing running (and unused reservations), "
+               "`(unattributed)` traffic vLLM counted that no record knows. Requests are those "
+               "a replica finished; SLO met: the share of served requests that met every SLO "
+               "of their pool.")
+
+
+def _tenant_bars(tc: cost_data.TenantCost) -> None:
+    bars = cost_data.bar_rows(tc)
+    df = pd.DataFrame(bars)
+    st.markdown(f"**Cost per tenant** ({tc.currency}; idle grey, unattributed orange)")
+    layout.chart(charts.bars(df, x="tenant", y="cost", x_title="tenant", y_title=tc.currency,
+                             y_format=",.2f", color="color",
+                             sort=[b["tenant"] for b in bars]), df,
+                 "No cost in this range.")
+
+
+def _reconciliation(tc: cost_data.TenantCost) -> None:
+    st.markdown("**Reconciliation** (per pool, to the cent)")
+    st.markdown("\n".join(f"- `{line}`" for line in tc.reconciliation))
+    for pool in tc.unbalanced:
+        st.warning(f"The lines of pool `{pool}` do not add up to its cost.",
+                   icon=":material/warning:")
+
+
+def _budget_section(at_s: float) -> None:
+    config = ctx.config
+    if not config.budgets:
+        st.caption(":material/info: No `[[budgets]]` in the config: a tenant's monthly budget "
+                   "(spent, share, forecast and the date it would run out) shows here once "
+                   "one is set.")
+        return
+    fn = _budgets_settled if _settled(at_s) else _budgets_recent
+    statuses, has_data = fn(ctx.key, at_s)
+    month = statuses[0].month if statuses else month_of(at_s, config.cost.timezone)
+    rows = cost_data.budget_rows(statuses, has_data=has_data, pools=ctx.view.pools)
+    st.markdown(f"**Budgets this month** ({month} in `{config.cost.timezone}`, up to "
+                f"{fmt.timestamp(at_s)}; a budget counts every pool unless it names one)")
+    if not rows:
+        st.caption(":material/info: No budget covers the pools shown.")
+        return
+    cur = config.cost.currency
+    amount = st.column_config.NumberColumn(format="%.2f")
+    st.dataframe(pd.DataFrame(rows), hide_index=True, key="tenant-budgets", column_config={
+        cost_data.money("amount", cur): amount, cost_data.money("spent", cur): amount,
+        cost_data.money("forecast", cur): amount,
+        "spent share": st.column_config.NumberColumn(format="percent"),
+    })
+    st.caption("Forecast: the spend at the month's end at the trailing rate (`[cost] "
+               "forecast_window`); runs out: when that rate would spend the budget, if "
+               "before the month ends.")
+    if not has_data:
+        st.caption(f":material/info: No billed GPU time and no recorded request in {month} "
+                   "so far (or no gateway records to name the tenants): nothing measured to "
+                   "spend.")
+    for name in cost_data.over_budget(rows):
+        st.warning(f"Budget `{name}` is spent.", icon=":material/warning:")
+
+
+def _by_tenant(pools: list[PoolConfig], at_s: float) -> None:
+    st.subheader("Cost by tenant", anchor=False)
+    start, end = ctx.view.window(at_s)
+    choice = st.selectbox("Group by", list(cost_data.GROUP_CHOICES), key="tenant-cost-by")
+    by = cost_data.GROUP_CHOICES[choice or "tenant"]
+    fn = _tenant_cost_settled if _settled(end) else _tenant_cost_recent
+    tc = fn(ctx.key, start, end, tuple(p.name for p in pools), by)
+    if not tc.rows:
+        st.caption(f":material/info: No cost in this range: {empty.NO_UP}, and no request "
+                   "was recorded.")
+    else:
+        _tenant_table(tc)
+        left, right = st.columns([3, 2], gap="medium")
+        with left:
+            _tenant_bars(tc)
+        with right:
+            _reconciliation(tc)
+    if not tc.records:
+        st.caption(":material/info: No gateway data: tenants are known from the records of "
+                   f"`vigil gateway` (`{ctx.config.gateway_records_path()}`) or `[otlp]`; "
+                   "without them every GPU-hour is idle or unattributed.")
+    for warning in tc.warnings:
+        st.caption(f":material/warning: {warning}")
+    _budget_section(at_s)
+
+
 def _what_if(status: Mapping[str, Any], pools: list[PoolConfig]) -> None:
     st.subheader("What if", anchor=False)
     if not pools:
@@ -213,6 +370,7 @@ def body() -> None:
         _now_table(status, pools)
         _cost_over_time(pools, times, window)
         _gateway(pools, times, window, at_s)
+        _by_tenant(pools, at_s)
         _what_if(status, pools)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from vigil.conventions import (
     ERROR_BAD_REQUEST,
+    ERROR_CODE_BUDGET,
     ERROR_OOM,
     ERROR_OVER_CAP,
     ERROR_REJECTED,
@@ -26,6 +27,7 @@ from vigil.errors import GatewayError
 __all__ = [
     "BadRequest",
     "BodyTooLarge",
+    "BudgetSpent",
     "ModelNotFound",
     "NoReplica",
     "NotFound",
@@ -99,6 +101,21 @@ class QueueFull(GatewayError):
     def __init__(self, message: str, *, retry_after: int):
         super().__init__(message, status=429, type="rate_limit_error",
                          code="pool_busy", error_class=ERROR_REJECTED, retry_after=retry_after)
+
+
+class BudgetSpent(GatewayError):
+    """429 ``insufficient_quota`` / ``budget_exceeded``: the caller's tenant spent a budget whose
+    ``enforce`` is "refuse" (``serving.gateway.budgets``). Recorded as ``rejected``: refused
+    before any replica, so it costs nothing in the chargeback. No ``Retry-After``: the budget
+    opens again when its month ends, not within seconds. ``name``, ``monthly`` and ``spent``
+    (in ``currency``) and ``month`` (``YYYY-MM``) are the budget's."""
+
+    def __init__(self, name: str, *, month: str, monthly: float, spent: float, currency: str):
+        super().__init__(f"budget \"{name}\" of {monthly:.2f} {currency} for {month} is spent "
+                         f"({spent:.2f} {currency}): new requests are refused until the month "
+                         f"ends", status=429, type="insufficient_quota", code=ERROR_CODE_BUDGET,
+                         error_class=ERROR_REJECTED)
+        self.budget = name
 
 
 class NoReplica(GatewayError):

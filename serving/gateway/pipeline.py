@@ -3,7 +3,8 @@
 ``Gateway.handle`` (HTTP) and ``Gateway.send_batch`` (the batch queue) share one path::
 
     read the body (bounded) -> API key -> JSON and fields -> model -> pool -> max_tokens policy
-      -> semantic cache (a hit answers here) -> tier admission -> replica (least outstanding)
+      -> budgets (a spent one demotes to batch or refuses) -> semantic cache (a hit answers here)
+      -> tier admission -> replica (least outstanding)
       -> upstream, streaming or not (cancelled as soon as the client goes) -> record + metrics
 
 Every request that reaches the gateway ends in exactly one record
@@ -17,6 +18,7 @@ client's behalf.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -37,10 +39,12 @@ from serving.gateway.asgi import (
     send_start,
 )
 from serving.gateway.auth import KeyRing
+from serving.gateway.budgets import DEMOTE, HEADER_BUDGET, REFUSE, BudgetPoller, header_value
 from serving.gateway.caching import CacheBridge
 from serving.gateway.client_io import ClientGone, DisconnectWatch, header, read_body
 from serving.gateway.errors import (
     BodyTooLarge,
+    BudgetSpent,
     ModelNotFound,
     NoReplica,
     OverCap,
@@ -65,6 +69,7 @@ from vigil.conventions import (
     ENDPOINT_EMBEDDINGS,
     ENDPOINT_PATHS,
     ERROR_CLIENT_CANCEL,
+    ERROR_CODE_BUDGET,
     ERROR_SERVER_CLASSES,
     ERROR_UPSTREAM_4XX,
     ERROR_UPSTREAM_5XX,
@@ -126,6 +131,8 @@ class Call:
     queue_s: float = 0.0
     cache_key: Any = None
     cache_header: str | None = None
+    #: ``X-Vigil-Budget`` when a spent budget demoted (or refused) it.
+    budget_header: str | None = None
     batch_id: str = ""
     #: The replica it ran on and the replica time it is charged for.
     charge: Charge = field(default_factory=Charge)
@@ -149,6 +156,8 @@ class Call:
             h[HEADER_MAX_TOKENS] = self.max_tokens.header()
         if self.cache_header is not None:
             h[HEADER_CACHE] = self.cache_header
+        if self.budget_header is not None:
+            h[HEADER_BUDGET] = self.budget_header
         return h
 
 
@@ -193,6 +202,7 @@ _REJECT_REASONS: dict[type[GatewayError], str] = {
     Unauthorized: REJECT_UNAUTHORIZED, BodyTooLarge: REJECT_TOO_LARGE,
     ModelNotFound: REJECT_MODEL_NOT_FOUND, OverCap: REJECT_OVER_CAP,
     QueueFull: REJECT_QUEUE_FULL, NoReplica: REJECT_NO_REPLICA,
+    BudgetSpent: ERROR_CODE_BUDGET,
 }
 
 
@@ -207,6 +217,7 @@ class Gateway:
         self.upstreams = upstreams or Upstreams(cfg, clock=clock)
         self.keys = KeyRing(gw.api_keys)
         self.admission = Admission(gw, self.upstreams, clock=clock)
+        self.budgets = BudgetPoller(cfg, clock=clock)
         self.forwarder = Forwarder(self.upstreams, read_timeout=gw.read_timeout,
                                    retry_after=self.admission.retry_after)
         self.records = RecordWriter(cfg.gateway_database(), max_queue=gw.records_buffer)
@@ -238,18 +249,20 @@ class Gateway:
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Open the records database, poll the replicas once (then in the background), load
-        the cache's embedding model."""
+        """Open the records database, poll the replicas and the budgets once (then in the
+        background), load the cache's embedding model."""
         # Opening may mean connecting to PostgreSQL and waiting on its migration lock: in a
         # thread, so that nothing else on the loop (a lifespan running beside it) waits.
         await asyncio.to_thread(self.records.start)
         await self.upstreams.start()
+        await self.budgets.start()
         if self.cache.enabled:
             await self.cache.warm_up()
 
     async def aclose(self) -> None:
         """Stop polling, finish cache stores, write the last records."""
         await self.cache.aclose()
+        await self.budgets.aclose()
         await self.upstreams.aclose()
         await asyncio.to_thread(self.records.close)  # waits up to 10 s for the last writes
         if self.otel is not None:
@@ -333,6 +346,9 @@ class Gateway:
 
     async def _serve(self, call: Call, incoming: Incoming, scope: Scope, receive: Receive,
                      send: Send) -> None:
+        # Before the cache: a refused tenant is refused whatever the cache holds (the 429 says
+        # so), and a demoted hit is recorded at the tier it was served at.
+        self._enforce_budget(call)
         if call.endpoint != ENDPOINT_EMBEDDINGS and self.cache.enabled:
             hit = await self._cache_lookup(call, incoming.body, Headers(scope=scope))
             if hit is not None:
@@ -356,6 +372,27 @@ class Gateway:
             await self._unary_response(call, answer, send)
         else:
             await self._stream(call, answer, send, watch)
+
+    def _enforce_budget(self, call: Call) -> None:
+        """Apply the spent budgets to a new request (``budgets``): a "demote" one makes it a
+        batch-tier request (admission, vLLM priority, record and metrics all see ``batch``), a
+        "refuse" one raises ``BudgetSpent`` (429). Only here, before admission: a request
+        already admitted, a stream included, is never cut when a budget is spent meanwhile.
+
+        The max_tokens policy (``prepare``) stays the API key's tier's: a request within its
+        own tier's cap is not rejected because a budget demoted it."""
+        caller = call.caller
+        assert caller is not None  # authenticated before prepare()
+        budget = self.budgets.decide(caller.tenant, call.pool, caller.tier)
+        if budget is None:
+            return
+        if budget.enforce == REFUSE:
+            call.budget_header = header_value(REFUSE, budget)
+            raise BudgetSpent(budget.name, month=budget.month, monthly=budget.monthly,
+                              spent=budget.spent, currency=budget.currency)
+        if budget.enforce == DEMOTE and caller.tier != "batch":
+            call.caller = dataclasses.replace(caller, tier="batch")
+            call.budget_header = header_value(DEMOTE, budget)
 
     async def _admit_and_send(self, call: Call, body: dict[str, Any]
                               ) -> UpstreamReply | OpenStream:
@@ -411,6 +448,9 @@ class Gateway:
             body["stream"] = False  # a batch result is one JSON body
             body.pop("stream_options", None)
             incoming = self.prepare(call, body=body)
+            # Queued work runs at the batch tier already: only a "refuse" budget changes it (a
+            # 429 the queue retries like a busy pool's, then writes as the request's error).
+            self._enforce_budget(call)
             if self.cache.enabled:
                 hit = await self._cache_lookup(call, incoming.body, {})
                 if hit is not None:
@@ -588,6 +628,10 @@ class Gateway:
             headers["WWW-Authenticate"] = "Bearer"
         if isinstance(exc, BodyTooLarge):
             headers["Connection"] = "close"
+        if isinstance(exc, BudgetSpent):
+            # The OpenAI SDKs retry a 429 unless told not to: this one lasts until the month
+            # ends, so retrying in a second only makes more refusals.
+            headers["X-Should-Retry"] = "false"
         call.responded = True
         await send_json(send, exc.status, error_body(exc), raw_headers(headers))
 

@@ -91,6 +91,9 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from slo.objectives.quantiles import finite_or_none
 from slo.objectives.sli import replica_label, vllm_matchers, vllm_up_matchers
 from slo.promql.aggregate import sum_by
@@ -109,15 +112,20 @@ from vigil.conventions import (
     VLLM_REQUESTS_RUNNING,
 )
 from vigil.durations import format_duration
-from vigil.model import Labels, RequestRecord
+from vigil.model import Labels, Point, RequestRecord
 
 __all__ = [
     "MIN_SAMPLES_FOR_SPACING",
+    "READ_CHUNK_S",
+    "billed_intervals",
     "coverage_interval",
     "gpu_hours",
     "gpu_hours_of",
     "idle_share",
     "pool_cost",
+    "reached_engine",
+    "replica_of",
+    "samples_between",
     "tier_costs",
     "up_seconds",
 ]
@@ -129,6 +137,12 @@ MIN_SAMPLES_FOR_SPACING = 4
 #: Records no replica worked on: refused by the gateway, or by the replica's API server before
 #: its engine (an upstream 4xx: vLLM validates a request before the engine sees it).
 _REFUSED_CLASSES = (*ERROR_REFUSED_CLASSES, ERROR_UPSTREAM_4XX)
+
+
+def reached_engine(record: RequestRecord) -> bool:
+    """Whether a request took GPU time: it reached a replica's engine (not refused by the
+    gateway or by the replica's API server, not answered from the semantic cache)."""
+    return record.error_class not in _REFUSED_CLASSES and not record.cache_hit
 
 
 def coverage_interval(
@@ -146,6 +160,20 @@ def coverage_interval(
     return min(default_s, lookback_s)
 
 
+def _scrape_intervals(source: Source, config: Config, pool: PoolConfig
+                      ) -> tuple[dict[str, float], float | None]:
+    """The pool's configured scrape intervals (seconds) by target name, and the interval of
+    its replicas no ``[[targets]]`` entry lists (None: unknown, measured from the samples)."""
+    configured = {t.name: config.scrape_interval(t) for t in config.targets
+                  if t.pool == pool.name}
+    # Replicas no [[targets]] entry lists: a known interval bills them exactly as the
+    # generated rule does (PromQL cannot measure spacing); a selector's series never match a
+    # target name, and the engine reading a team's Prometheus must equal the rules.
+    if is_external(source) and pool.has_selector:
+        configured = {}
+    return configured, config.unlisted_scrape_interval(pool)
+
+
 def up_seconds(
     source: Source, config: Config, pool: PoolConfig, at_s: float, window_s: float
 ) -> dict[Labels, float]:
@@ -157,14 +185,7 @@ def up_seconds(
     Read from a Prometheus (``source.external``), the key is the replica instead,
     ``((<replica label>, value),)``, billed for the most of its series (a pod scraped by two
     jobs is one replica); a series without that label stays on its own."""
-    configured = {t.name: config.scrape_interval(t) for t in config.targets
-                  if t.pool == pool.name}
-    # Replicas no [[targets]] entry lists: a known interval bills them exactly as the
-    # generated rule does (PromQL cannot measure spacing); a selector's series never match a
-    # target name, and the engine reading a team's Prometheus must equal the rules.
-    unlisted = config.unlisted_scrape_interval(pool)
-    if is_external(source) and pool.has_selector:
-        configured = {}
+    configured, unlisted = _scrape_intervals(source, config, pool)
     thinned = source.downsampled() if isinstance(source, Downsampled) else None
     out: dict[Labels, float] = {}
     series = source.samples(SERIES_UP, vllm_up_matchers(pool, source), at_s, window_s)
@@ -196,6 +217,84 @@ def up_seconds(
         key = labels if replica is None else ((label, replica),)
         per_replica[key] = max(per_replica.get(key, seconds), seconds)
     return per_replica
+
+
+#: The longest span one read of raw samples asks for (seconds): a month of 15 s scrapes of a
+#: fleet in one answer would be hundreds of megabytes of JSON from a Prometheus.
+READ_CHUNK_S = 86400.0
+
+
+def samples_between(source: Source, metric: str, matchers: Any, lo_s: float, hi_s: float
+                    ) -> dict[Labels, list[Point]]:
+    """The raw samples of ``metric{matchers}`` in ``(lo_s, hi_s]`` (Unix seconds), read a day
+    at a time, per series in time order."""
+    out: dict[Labels, list[Point]] = {}
+    t = hi_s
+    while t > lo_s:
+        span = min(READ_CHUNK_S, t - lo_s)
+        for labels, points in source.samples(metric, matchers, t, span).items():
+            out.setdefault(labels, []).extend(points)
+        t -= span
+    for points in out.values():
+        points.sort()
+    return out
+
+
+def replica_of(labels: Labels, pool: PoolConfig, source: Source) -> str:
+    """The replica a series belongs to: its target's name (``instance``) in the embedded
+    store, the pool's replica label (else ``instance``) in a Prometheus."""
+    d = dict(labels)
+    if is_external(source):
+        return d.get(replica_label(pool, source)) or d.get(LABEL_INSTANCE, "")
+    return d.get(LABEL_INSTANCE, "")
+
+
+def billed_intervals(
+    source: Source, config: Config, pool: PoolConfig, lo_s: float, hi_s: float
+) -> dict[str, list[tuple[float, float]]]:
+    """Per replica, the union of the intervals ``(ts − cover, ts]`` its billed ``up`` samples
+    after ``lo_s`` stand for (``cover`` as in ``up_seconds``: the target's scrape interval, or the
+    bucket of a downsampled sample), not yet merged or clipped. Every second of them is
+    paid for (``slo.cost.attribution``)."""
+    configured, unlisted = _scrape_intervals(source, config, pool)
+    thinned = source.downsampled() if isinstance(source, Downsampled) else None
+    before_ms, resolution_s = thinned if thinned is not None else (None, 0.0)
+    out: dict[str, list[tuple[float, float]]] = {}
+    # A sample shortly after the window stands for seconds inside it: read one lookback on
+    # (the caller clips the intervals to the window).
+    for labels, points in samples_between(source, SERIES_UP, vllm_up_matchers(pool, source),
+                                          lo_s, hi_s + config.engine.lookback).items():
+        pts = [p for p in points if p.value is not None and not math.isnan(p.value)]
+        if not pts:
+            continue
+        interval = coverage_interval(
+            configured.get(dict(labels).get(LABEL_INSTANCE, ""), unlisted),
+            [p.ts_ms for p in pts], config.collector.scrape_interval, config.engine.lookback)
+        ts = np.array([p.ts_ms for p in pts if pool.bill_down_time or p.value == 1.0],
+                      dtype=np.int64)
+        if not len(ts):
+            continue
+        cover = np.full(len(ts), interval)
+        if before_ms is not None:
+            cover[ts < before_ms] = max(interval, resolution_s)
+        end = ts / 1000.0
+        out.setdefault(replica_of(labels, pool, source), []).extend(
+            _union(end - cover, end))
+    return out
+
+
+def _union(starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64]
+           ) -> list[tuple[float, float]]:
+    """The union of the intervals ``[starts[i], ends[i]]`` (``ends`` ascending), as few
+    intervals as it takes: a replica scraped on schedule is one interval a stretch."""
+    order = np.argsort(starts, kind="stable")
+    a, b = starts[order], ends[order]
+    reach = np.maximum.accumulate(b)
+    # A new interval begins where a start lies past every end before it.
+    new = np.concatenate([[True], a[1:] > reach[:-1]])
+    first = np.flatnonzero(new)
+    last = np.concatenate([first[1:] - 1, [len(a) - 1]])
+    return list(zip(a[first].tolist(), reach[last].tolist(), strict=True))
 
 
 def gpu_hours_of(replica_seconds: float, gpus_per_replica: int) -> float:

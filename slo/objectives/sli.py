@@ -101,6 +101,7 @@ __all__ = [
     "inf_bucket_count",
     "pool_series",
     "replica_label",
+    "request_met_slos",
     "vllm_matchers",
 ]
 
@@ -305,6 +306,24 @@ def _availability_from_log(spec: SloSpec, log: RequestLog, at_s: float,
         return SliResult(None, 0.0, reason=REASON_NO_REQUESTS)
     bad = float(sum(1 for r in answered if _is_server_failure(r)))
     return SliResult(bad / len(answered), float(len(answered)))
+
+
+def request_met_slos(record: RequestRecord, specs: Iterable[SloSpec]) -> bool:
+    """Whether one request a replica served met every SLO of ``specs`` that covers it (its
+    pool, model and endpoint), judged as the request-log SLIs judge it: no server failure,
+    and each latency known at or under its threshold (a request never streamed has no
+    TTFT to miss). A cancelled request is neither; callers leave it out."""
+    if _is_server_failure(record):
+        return False
+    for spec in specs:
+        if spec.pool != record.pool or spec.model != record.model or not (
+                spec.endpoint == ENDPOINT_ALL or spec.endpoint == record.endpoint):
+            continue
+        if spec.is_latency and spec.threshold_seconds is not None:
+            value = record.ttft_s if spec.indicator == "ttft" else record.e2e_s
+            if value is not None and value > spec.threshold_seconds:
+                return False
+    return True
 
 
 def _from_request_log(

@@ -123,5 +123,6 @@ class GatewayRecords:
             ttft_s=r.ttft_s, e2e_s=r.e2e_s, error=r.error_class in ERROR_SERVER_CLASSES,
             tenant=r.tenant, tier=r.tier, error_class=r.error_class, cache_hit=r.cache_hit,
             cost_usd=r.cost_usd, saved_usd=r.saved_usd, tokens_source=r.tokens_source,
-            status=r.status, cached_tokens=r.cached_tokens)
+            status=r.status, cached_tokens=r.cached_tokens, replica=r.replica,
+            queue_s=r.queue_s)
             for r in self.rows(pool, at_s, window_s)]

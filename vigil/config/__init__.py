@@ -7,12 +7,14 @@ with a ``DeprecationWarning`` (also logged) that names the file, the old key and
 
 The models are grouped by who owns the keys: ``fleet`` (store, collector, pools, targets,
 discovery), ``engine`` (SLOs, burn-rate alerts, anomalies, scaling, capacity), ``alerting``
-(routes, rules, KEDA), ``gateway``, ``dashboard``; ``root`` holds ``Config`` and ``load`` reads
-and checks a file. Everything is imported from ``vigil.config``.
+(routes, rules, KEDA), ``gateway``, ``dashboard``, ``cost`` (attribution, prices over time,
+budgets); ``root`` holds ``Config`` and ``load`` reads and checks a file. Everything is
+imported from ``vigil.config``.
 """
 
 from vigil.config.alerting import AlertRouteConfig, AlertsConfig, KedaConfig, RulesConfig
 from vigil.config.base import DEFAULT_PRICES, check_http_url
+from vigil.config.cost import BudgetConfig, CostConfig, PriceConfig
 from vigil.config.dashboard import DashboardConfig
 from vigil.config.engine import (
     AnomalyConfig,
@@ -55,11 +57,13 @@ __all__ = [
     "ApiKeyConfig",
     "BasicAuthConfig",
     "BatchConfig",
+    "BudgetConfig",
     "BurnRateAlert",
     "CacheConfig",
     "CapacityConfig",
     "CollectorConfig",
     "Config",
+    "CostConfig",
     "DashboardConfig",
     "DiscoveryConfig",
     "EngineConfig",
@@ -69,6 +73,7 @@ __all__ = [
     "OAuth2Config",
     "OtlpConfig",
     "PoolConfig",
+    "PriceConfig",
     "RulesConfig",
     "ScalingConfig",
     "ServeConfig",

@@ -11,7 +11,7 @@ from pydantic import (
     model_validator,
 )
 
-from vigil.config.base import Duration, Ratio, Section, check_http_url
+from vigil.config.base import Duration, Ratio, Section, check_http_url, refuse_password
 
 Tier = Literal["premium", "standard", "batch"]
 
@@ -161,11 +161,25 @@ class GatewayConfig(Section):
     connect_timeout: Duration = 5.0
     #: An upstream silent for this long (no byte) is a timeout (seconds).
     read_timeout: Duration = 120.0
+    #: The URL of `vigil serve`'s ``/budgets`` (``http://vigil-serve:9464/budgets``), polled
+    #: to enforce the ``[[budgets]]`` whose ``enforce`` is not "off" ("" = no enforcement).
+    #: A failed poll keeps the last answer: an unreachable serve never refuses traffic.
+    budgets_url: str = ""
+    #: How often ``budgets_url`` is read (seconds): a budget spent is enforced this much later.
+    budgets_poll_interval: Duration = Field(default=30.0, gt=0)
     api_keys: list[ApiKeyConfig] = []
     tiers: TiersConfig = Field(default_factory=lambda: TiersConfig())
     batch: BatchConfig = BatchConfig()
     cache: CacheConfig = CacheConfig()
     otel: OtelConfig = OtelConfig()
+
+    @field_validator("budgets_url")
+    @classmethod
+    def _budgets_url(cls, v: str) -> str:
+        # No password in it: the config holds no secret, and the poller's log lines name it.
+        return check_http_url(refuse_password(
+            v, "budgets_url", "vigil serve's /budgets asks for none, and this file must hold "
+            "no secret")) if v else v
 
     @model_validator(mode="after")
     def _otel_endpoint(self) -> GatewayConfig:

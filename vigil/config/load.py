@@ -120,6 +120,27 @@ def _check_references(cfg: Config) -> list[Problem]:
                 d.scrape_interval or cfg.collector.scrape_interval):
             problems.append((f"discovery[{i}].scrape_timeout",
                              "is more than the targets' scrape interval"))
+    problems += _check_cost(cfg, pool_names)
+    return problems
+
+
+def _check_cost(cfg: Config, pool_names: list[str]) -> list[Problem]:
+    """``[[cost.prices]]`` name pools; ``[[budgets]]`` name known tenants, pools, and each
+    budget once."""
+    problems: list[Problem] = []
+    for i, price in enumerate(cfg.cost.prices):
+        problems += _unknown_pool(price.pool, f"cost.prices[{i}].pool", pool_names)
+    tenants = cfg.known_tenants()
+    names = [b.display_name() for b in cfg.budgets]
+    for i, b in enumerate(cfg.budgets):
+        problems += _duplicate(names, i, f"budgets[{i}].name", "budget")
+        if b.tenant not in tenants:
+            known = ", ".join(repr(t) for t in tenants) or "none"
+            problems.append((f"budgets[{i}].tenant",
+                             f"tenant {b.tenant!r} is in no [[gateway.api_keys]] and not in "
+                             f"[cost] tenants (known: {known})"))
+        if b.pool:
+            problems += _unknown_pool(b.pool, f"budgets[{i}].pool", pool_names)
     return problems
 
 

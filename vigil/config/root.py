@@ -13,6 +13,7 @@ from pydantic import (
 
 from vigil.config.alerting import AlertsConfig, RulesConfig
 from vigil.config.base import DEFAULT_PRICES, Section
+from vigil.config.cost import BudgetConfig, CostConfig
 from vigil.config.dashboard import DashboardConfig
 from vigil.config.engine import (
     AnomalyConfig,
@@ -63,6 +64,9 @@ class Config(Section):
     otlp: OtlpConfig = Field(default_factory=OtlpConfig)
     rules: RulesConfig = Field(default_factory=RulesConfig)
     capacity: CapacityConfig = Field(default_factory=CapacityConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
+    #: Monthly budgets per tenant (``[[budgets]]``).
+    budgets: list[BudgetConfig] = []
     #: Where the file was read from ("" when built in code); relative store paths resolve here.
     source: str = ""
 
@@ -149,6 +153,17 @@ class Config(Section):
         if not p.is_absolute() and self.source:
             p = Path(self.source).resolve().parent / p
         return p
+
+    def cost_statements_path(self) -> Path:
+        """The frozen months' file; a relative path is relative to the config file."""
+        p = Path(self.cost.statements_path)
+        if not p.is_absolute() and self.source:
+            p = Path(self.source).resolve().parent / p
+        return p
+
+    def known_tenants(self) -> list[str]:
+        """Every tenant the config names: the gateway's API keys' and ``[cost] tenants``."""
+        return sorted({k.tenant for k in self.gateway.api_keys} | set(self.cost.tenants))
 
     def capacity_profiles_path(self) -> Path:
         """The saved capacity profiles; a relative path is relative to the config file."""

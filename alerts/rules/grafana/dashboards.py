@@ -13,7 +13,8 @@
   gateway's requests by endpoint, with the scale-out thresholds drawn on the signals they
   trigger on.
 * **Cost** (``vigil-cost``): GPU cost per 1000 requests and per 1M output tokens, the cost over
-  the cost window, the share of replicas idle, and the gateway's cost by tier.
+  the cost window, the share of replicas idle, the gateway's cost by tier, and from `vigil
+  serve`'s chargeback each tenant's cost this month and each budget's share spent.
 
 Every dashboard has the variables ``datasource`` and ``pool``; the fleet adds ``model`` and
 ``endpoint``, the detail ``slo``. Units and thresholds are set on every panel.
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grafana_foundation_sdk.builders import dashboard
+from grafana_foundation_sdk.builders import bargauge, dashboard, timeseries
 from grafana_foundation_sdk.models import dashboard as dm
 
 from alerts.rules.grafana import queries as q
@@ -31,6 +32,7 @@ from alerts.rules.grafana.panels import (
     GREEN,
     ORANGE,
     RED,
+    bar_gauge_panel,
     datasource_variable,
     query_variable,
     stat_panel,
@@ -50,10 +52,12 @@ from vigil.conventions import (
     ALERT_ERROR_BUDGET_BURN,
     ALERT_ERROR_BUDGET_LOW,
     DCGM_SM_ACTIVE,
+    LABEL_BUDGET,
     LABEL_ENDPOINT,
     LABEL_MODEL_NAME,
     LABEL_POOL,
     LABEL_SLO,
+    LABEL_TENANT,
     LABEL_TIER,
     METRIC_GW_COST,
     METRIC_GW_REQUESTS,
@@ -86,6 +90,13 @@ UID_COST = "vigil-cost"
 TAG = "vigil"
 #: Every SLO ratio is drawn 0-1 as a percentage.
 PERCENT = "percentunit"
+#: The ISO 4217 codes Grafana has a currency unit for (``currency<CODE>``, its "Currency"
+#: category); another ``[cost] currency`` is written after the value.
+GRAFANA_CURRENCIES = frozenset({"USD", "EUR", "GBP", "JPY", "RUB", "UAH", "BRL", "DKK", "ISK",
+                                "NOK", "SEK", "CZK", "CHF", "PLN", "ZAR", "INR", "KRW"})
+#: A budget's bar turns orange at this share spent (``[[budgets]] alert_at``'s default last
+#: warning before 1.0) and red once spent.
+BUDGET_WARN_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -112,7 +123,7 @@ def _alerts_query() -> str:
             f"{LABEL_SLO}=~\"{q.SLO_VAR}\"}})")
 
 
-def _burn_panel(result: RulesResult, title: str, width: int) -> dashboard.Panel:
+def _burn_panel(result: RulesResult, title: str, width: int) -> timeseries.Panel:
     """The burn rate over every window of the alert table, against the page and ticket
     factors: dashed threshold lines when every SLO has the same factors (SLOs of one period),
     else one reference series per SLO and severity."""
@@ -408,7 +419,44 @@ def cost(result: RulesResult) -> dashboard.Dashboard:
           f"sum by ({LABEL_POOL}, {LABEL_TIER}) (increase({gw_cost}[{window}]))\n"
           f"/ sum by ({LABEL_POOL}, {LABEL_TIER}) (increase({gw_requests}[{window}])) * 1000")],
         unit="currencyUSD", minimum=0, width=12))
+    for panel in _chargeback_panels(result):
+        d = d.with_panel(panel)
     return d
+
+
+def currency_unit(code: str) -> str:
+    """Grafana's unit for amounts in the ISO 4217 ``code``: its currency unit when it has one
+    (``currencyEUR``), else the code after the value (a custom ``suffix:`` unit)."""
+    return f"currency{code}" if code in GRAFANA_CURRENCIES else f"suffix: {code}"
+
+
+def _chargeback_panels(result: RulesResult) -> list[bargauge.Panel]:
+    """Each tenant's cost this month and each budget's share spent, from `vigil serve`'s
+    ``/metrics`` (its chargeback; no recording rule holds them)."""
+    cost = result.config.cost
+    return [
+        bar_gauge_panel(
+            "Cost by tenant this month",
+            [(f"{{{{{LABEL_TENANT}}}}}", q.tenant_cost_this_month())],
+            unit=currency_unit(cost.currency), minimum=0, decimals=2,
+            steps=thresholds((None, GREEN)),
+            description=f"Each tenant's GPU cost since the month began ({cost.currency}, "
+                        f"months in {cost.timezone}), as `vigil serve` attributes it: the top "
+                        "[cost] metrics_tenants tenants by name, the rest as `other`; "
+                        "`(idle)` is billed GPU time with nothing running, `(unattributed)` "
+                        "traffic vLLM counted that no gateway or OTLP record knows. The value "
+                        "at the end of the time range: the month up to then. Needs Prometheus "
+                        "to scrape `vigil serve`."),
+        bar_gauge_panel(
+            "Budgets spent this month",
+            [(f"{{{{{LABEL_BUDGET}}}}}", q.budget_spent_share())],
+            unit=PERCENT, minimum=0, maximum=1, decimals=1,
+            steps=thresholds((None, GREEN), (BUDGET_WARN_SHARE, ORANGE), (1.0, RED)),
+            description="Each [[budgets]] entry's spend this month over its monthly amount "
+                        "(100 % = spent; the alerts fire at its alert_at shares). A budget "
+                        "covers every pool unless it names one: $pool does not narrow this "
+                        "panel. No data without [[budgets]]."),
+    ]
 
 
 def build(result: RulesResult) -> Dashboards:

@@ -13,15 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from grafana_foundation_sdk.builders import (
-    common as common_builders,
-)
-from grafana_foundation_sdk.builders import (
+    bargauge,
     dashboard,
     prometheus,
     stat,
     statetimeline,
     table,
     timeseries,
+)
+from grafana_foundation_sdk.builders import (
+    common as common_builders,
 )
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
@@ -30,6 +31,7 @@ from grafana_foundation_sdk.models import prometheus as pm
 __all__ = [
     "DATASOURCE",
     "Query",
+    "bar_gauge_panel",
     "datasource_variable",
     "query_variable",
     "stat_panel",
@@ -123,6 +125,33 @@ def stat_panel(title: str, queries: Sequence[Query], *, unit: str, description: 
                          .values(False)))
     if decimals is not None:
         p = p.decimals(decimals)
+    if steps is not None:
+        p = p.thresholds(steps)
+    for target in _targets(queries, instant=True):
+        p = p.with_target(target)
+    return p
+
+
+def bar_gauge_panel(title: str, queries: Sequence[Query], *, unit: str, description: str = "",
+                    steps: dashboard.ThresholdsConfig | None = None,
+                    minimum: float | None = None, maximum: float | None = None,
+                    width: int = 12, height: int = 8, decimals: float | None = None
+                    ) -> bargauge.Panel:
+    """Horizontal bars of instant queries (the value now), one per series in the order the
+    query returns them (``sort_desc`` puts the largest on top), named by the legend and
+    coloured by ``steps``."""
+    p = (bargauge.Panel().title(title).description(description).datasource(DATASOURCE)
+         .unit(unit).span(width).height(height).orientation(cm.VizOrientation.HORIZONTAL)
+         .display_mode(cm.BarGaugeDisplayMode.BASIC).value_mode(cm.BarGaugeValueMode.COLOR)
+         .show_unfilled(True)
+         .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"])
+                         .values(False)))
+    if decimals is not None:
+        p = p.decimals(decimals)
+    if minimum is not None:
+        p = p.min(minimum)
+    if maximum is not None:
+        p = p.max(maximum)
     if steps is not None:
         p = p.thresholds(steps)
     for target in _targets(queries, instant=True):

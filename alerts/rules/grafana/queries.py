@@ -34,9 +34,14 @@ from slo.objectives.spec import SloSpec
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
     KIND_DCGM,
+    LABEL_BUDGET,
+    LABEL_CURRENCY,
     LABEL_MODEL_NAME,
     LABEL_POOL,
     LABEL_SLO,
+    LABEL_TENANT,
+    METRIC_BUDGET_SPENT_RATIO,
+    METRIC_TENANT_COST,
     RULE_CURRENT_BURN_RATE,
     RULE_ERROR_BUDGET,
     RULE_OBJECTIVE,
@@ -48,12 +53,14 @@ __all__ = [
     "POOL_VAR",
     "RATE_INTERVAL",
     "attainment",
+    "budget_spent_share",
     "burn_rate",
     "burn_threshold",
     "per_pool",
     "pool_filter",
     "slo_filter",
     "substitute",
+    "tenant_cost_this_month",
 ]
 
 #: The variables the queries use, as Grafana writes them.
@@ -109,6 +116,26 @@ def budget_remaining() -> str:
 
 def objective() -> str:
     return f"{RULE_OBJECTIVE}{slo_filter()}"
+
+
+def tenant_cost_this_month() -> str:
+    """Each tenant's GPU cost this month (in ``[cost] currency``) over the pools of ``$pool``,
+    from `vigil serve`'s ``vigil_tenant_cost_usd_total`` (a counter that starts again with each
+    month: its value now is the month so far), largest first. Copies of `vigil serve` on a
+    shared database each export the same figures: ``max`` over them per tenant, pool and
+    currency, then the pools summed, so a tenant is counted once."""
+    series = f"{METRIC_TENANT_COST}_total{pool_filter()}"
+    return (f"sort_desc(sum by ({LABEL_TENANT}) "
+            f"(max by ({LABEL_TENANT}, {LABEL_POOL}, {LABEL_CURRENCY}) ({series})))")
+
+
+def budget_spent_share() -> str:
+    """Each ``[[budgets]]`` entry's spend this month over its amount (1 = spent), from `vigil
+    serve`'s ``vigil_budget_spent_ratio``, largest first; ``max`` over the copies of `vigil
+    serve` that export it. A budget has no ``pool`` label (it may cover every pool), so
+    ``$pool`` does not narrow it."""
+    return (f"sort_desc(max by ({LABEL_BUDGET}, {LABEL_TENANT}) "
+            f"({METRIC_BUDGET_SPENT_RATIO}))")
 
 
 def burn_threshold(config: Config, specs: Sequence[SloSpec], severity: str) -> str | None:
