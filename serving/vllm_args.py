@@ -159,6 +159,9 @@ def build_command(cfg: Config, pool_name: str, *, host: str | None = None,
         argv += ["--speculative-config", _json(spec)]
     argv.append("--enable-prefix-caching" if v.enable_prefix_caching
                 else "--no-enable-prefix-caching")
+    # usage.prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache served,
+    # which the chargeback weighs less than computed ones (slo.cost.attribution).
+    argv.append("--enable-prompt-tokens-details")
     argv += ["--max-num-seqs", str(v.max_num_seqs)]
     if v.max_model_len is not None:
         argv += ["--max-model-len", str(v.max_model_len)]

@@ -90,14 +90,16 @@ GOLDEN = {
     "chat": (
         "vllm serve meta-llama/Llama-3.1-8B-Instruct --served-model-name "
         "meta-llama/Llama-3.1-8B-Instruct --host 127.0.0.1 --port 8001 --scheduling-policy "
-        "priority --enable-prefix-caching --max-num-seqs 256 --gpu-memory-utilization 0.9 "
+        "priority --enable-prefix-caching --enable-prompt-tokens-details --max-num-seqs 256 "
+        "--gpu-memory-utilization 0.9 "
         "--override-generation-config '{\"max_new_tokens\": 512}' --custom-histogram-buckets "
         f"'{{\"time_to_first_token\": {TTFT_WITH_03}, \"request_latency\": {E2E_WITH_8}}}'"),
     "big": (
         "vllm serve org/Big-70B --served-model-name org/Big-70B --host 127.0.0.1 --port 8001 "
         "--tensor-parallel-size 4 --quantization fp8 --scheduling-policy priority "
         "--speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}' "
-        "--no-enable-prefix-caching --max-num-seqs 128 --max-model-len 8192 "
+        "--no-enable-prefix-caching --enable-prompt-tokens-details --max-num-seqs 128 "
+        "--max-model-len 8192 "
         "--gpu-memory-utilization 0.85 --override-generation-config "
         "'{\"max_new_tokens\": 8192}' --custom-histogram-buckets "
         f"'{{\"request_latency\": {E2E_WITH_8}}}' --enable-lora --max-loras 2"),
@@ -106,13 +108,15 @@ GOLDEN = {
         "org/Llama-3.1-8B-Instruct-AWQ --host 127.0.0.1 --port 8001 --scheduling-policy fcfs "
         "--speculative-config '{\"method\": \"draft_model\", \"model\": "
         "\"org/Llama-3.2-1B-Instruct\", \"num_speculative_tokens\": 5}' "
-        "--enable-prefix-caching --max-num-seqs 256 --gpu-memory-utilization 0.9 "
+        "--enable-prefix-caching --enable-prompt-tokens-details --max-num-seqs 256 "
+        "--gpu-memory-utilization 0.9 "
         "--override-generation-config '{\"max_new_tokens\": 512}'"),
     # Thresholds 1.0 s and 10 s already are vLLM bucket bounds: no custom buckets.
     "w8": (
         "vllm serve org/Llama-3.1-8B-Instruct-W8A8 --served-model-name "
         "org/Llama-3.1-8B-Instruct-W8A8 --host 127.0.0.1 --port 8001 --scheduling-policy "
-        "priority --enable-prefix-caching --max-num-seqs 256 --gpu-memory-utilization 0.9 "
+        "priority --enable-prefix-caching --enable-prompt-tokens-details --max-num-seqs 256 "
+        "--gpu-memory-utilization 0.9 "
         "--override-generation-config '{\"max_new_tokens\": 512}'"),
 }
 

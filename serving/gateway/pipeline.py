@@ -190,6 +190,15 @@ def _usage_tokens(data: Mapping[str, Any]) -> tuple[int, int, bool]:
     return 0, 0, False
 
 
+def cached_prompt_tokens(usage: Any) -> int | None:
+    """The prompt tokens vLLM's prefix cache served, from a usage's
+    ``prompt_tokens_details.cached_tokens`` (vLLM sends it with
+    ``--enable-prompt-tokens-details``); None when the answer does not say."""
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    n = details.get("cached_tokens") if isinstance(details, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**63 else None
+
+
 def _finish_reason(data: Mapping[str, Any]) -> str | None:
     choices = data.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
@@ -543,7 +552,8 @@ class Gateway:
                             tokens_source=TOKENS_USAGE if exact else TOKENS_UNKNOWN,
                             ttft_s=None, e2e_s=elapsed,
                             error_class=error_class, message=message,
-                            upstream_id=str(data.get("id", "")))
+                            upstream_id=str(data.get("id", "")),
+                            cached_tokens=cached_prompt_tokens(data.get("usage")))
         if reply.status == 200 and call.cache_key is not None and _finish_reason(data):
             self.cache.store_later(call.cache_key, data, cost)
 
@@ -592,7 +602,8 @@ class Gateway:
                             tokens_source=TOKENS_USAGE if exact else TOKENS_CHUNKS,
                             ttft_s=ttft, e2e_s=time.perf_counter() - call.t0,
                             error_class=error_class, message=message,
-                            upstream_id=tally.upstream_id)
+                            upstream_id=tally.upstream_id,
+                            cached_tokens=cached_prompt_tokens(tally.usage))
         if (status == 200 and call.cache_key is not None and tally.finish_reason is not None
                 and tally.chunks):
             response = self.cache.assemble(tally.chunks)
@@ -659,9 +670,11 @@ class Gateway:
     def _record(self, call: Call, *, status: int, prompt_tokens: int, completion_tokens: int,
                 tokens_source: str, ttft_s: float | None, e2e_s: float | None,
                 error_class: str = "", message: str = "", cache_hit: str = "",
-                saved_usd: float | None = None, upstream_id: str = "") -> float | None:
+                saved_usd: float | None = None, upstream_id: str = "",
+                cached_tokens: int | None = None) -> float | None:
         """Queue the record, update the metrics; returns the request's cost (USD, None when
-        it never reached a replica)."""
+        it never reached a replica). ``cached_tokens``: of the prompt, from vLLM's prefix
+        cache (None: the answer did not say)."""
         pool, tier = call.pool, call.tier
         replica = call.charge.replica
         cost: float | None = None
@@ -700,7 +713,8 @@ class Gateway:
             requested_max_tokens=_int64(call.requested_max_tokens),
             max_tokens=mt.value if mt else None, max_tokens_decision=mt.decision if mt else "",
             cost_usd=0.0 if cache_hit else cost, saved_usd=saved_usd,
-            upstream_id=upstream_id, batch_id=call.batch_id, message=message[:_MESSAGE_CHARS])
+            upstream_id=upstream_id, batch_id=call.batch_id, message=message[:_MESSAGE_CHARS],
+            cached_tokens=cached_tokens)
         self.records.put(record)
         if self.otel is not None:
             self.otel.finish(call.span, record)
