@@ -97,7 +97,8 @@ def live(real_vllm: VllmServer) -> Iterator[str]:  # noqa: F811
 def test_the_launch_profile_starts_and_the_slo_thresholds_are_bucket_bounds(
         real_vllm: VllmServer, live: str) -> None:  # noqa: F811
     argv = real_vllm.argv
-    for flag in ("--scheduling-policy", "--enable-prefix-caching", "--max-num-seqs",
+    for flag in ("--scheduling-policy", "--enable-prefix-caching",
+                 "--enable-prompt-tokens-details", "--max-num-seqs",
                  "--override-generation-config", "--custom-histogram-buckets"):
         assert flag in argv, flag
     bounds = _bucket_bounds(live)
