@@ -84,7 +84,7 @@ from vigil.conventions import (
 from vigil.durations import format_duration
 from vigil.model import TargetHealth
 
-__all__ = ["ConditionState", "evaluate_conditions", "kv_usage_by_replica"]
+__all__ = ["ConditionState", "evaluate_conditions"]
 
 #: The scaling action that raises nothing.
 _HOLD = "hold"
@@ -390,23 +390,6 @@ def _target_alerts(config: Config, targets: Iterable[TargetHealth],
     return out, state
 
 
-def kv_usage_by_replica(vector: Mapping[Any, float], pool_of: Mapping[str, str]
-                        ) -> dict[tuple[str, str], float]:
-    """``{(pool, instance): mean usage}`` from an instant vector of
-    ``vllm:kv_cache_usage_perc`` (labels as tuples of pairs or ``SeriesKey``-like mappings);
-    a replica with several engines counts once with their mean, as the scaling signals do.
-    ``pool_of`` maps instance -> pool when the series has no ``pool`` label."""
-    groups: dict[tuple[str, str], list[float]] = {}
-    for labels, value in vector.items():
-        d = dict(labels)
-        instance = d.get(LABEL_INSTANCE, "")
-        pool = d.get(LABEL_POOL) or pool_of.get(instance, "")
-        if value is None or value != value:  # NaN never crosses a threshold
-            continue
-        groups.setdefault((pool, instance), []).append(float(value))
-    return {k: sum(v) / len(v) for k, v in groups.items()}
-
-
 def evaluate_conditions(
     config: Config,
     status: Mapping[str, Any],
@@ -421,7 +404,8 @@ def evaluate_conditions(
     """Every alert condition at ``now`` (Unix seconds).
 
     ``status``: ``slo.status.evaluate``'s dict. ``targets``: the store's target health.
-    ``kv_usage``: ``{(pool, instance): ratio 0-1}`` per replica (``kv_usage_by_replica``);
+    ``kv_usage``: ``{(pool, instance): ratio 0-1}`` per replica
+    (``slo.scaling.signals.kv_usage_of_fleet``);
     without it the pool's max stands in. ``down_streaks``: consecutive failed scrapes per
     target. ``budgets``: every budget's status now (``slo.cost.budgets``). Returns the firing
     alerts plus those resolved now (``ends_at = now``), and the state for the next call.

@@ -43,7 +43,7 @@ from typing import Any
 from alerts.grouping import LogEntry
 from alerts.model import Alert, Notification
 from vigil.conventions import OUTBOX_DONE, OUTBOX_GIVEN_UP, OUTBOX_PENDING, OUTBOX_SUPERSEDED
-from vigil.errors import StoreError
+from vigil.errors import NotFound, StoreError
 from vigil.storage.database import Connection, is_postgres_url, open_database
 from vigil.storage.lease import LEASE_SCHEMA
 
@@ -395,7 +395,7 @@ class Outbox:
             row = c.execute(f"SELECT {_COLUMNS} FROM alert_outbox WHERE id = ?",
                             (item_id,)).fetchone()
             if row is None:
-                raise KeyError(item_id)
+                raise NotFound(f"no notification {item_id} in the outbox")
             item = OutboxItem._from_row(row)
             if attempt is not None and item.attempts != attempt:
                 return item
@@ -480,7 +480,7 @@ class Outbox:
     def get(self, item_id: int) -> OutboxItem:
         found = self._select("WHERE id = ?", (item_id,))
         if not found:
-            raise KeyError(item_id)
+            raise NotFound(f"no notification {item_id} in the outbox")
         return found[0]
 
     def next_due(self, now: float) -> list[OutboxItem]:

@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from collector.store import Store
-from serving.gateway.records import RecordWriter
+from serving.gateway.telemetry.record_writer import RecordWriter
 from slo.cost.report import cost_report
 from slo.sources.embedded import EmbeddedSource
 from slo.sources.request_log import GatewayRecords

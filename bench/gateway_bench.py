@@ -457,7 +457,7 @@ def ms(x: float) -> str:
 
 async def client_cost(base: str, name: str, requests: int, concurrency: int) -> float:
     """CPU seconds this process spends per streamed request read to its end with client
-    ``name`` (``gateway``: serving.gateway.upstream_http; ``httpx``; ``aiohttp``)."""
+    ``name`` (``gateway``: serving.gateway.upstream.http_client; ``httpx``; ``aiohttp``)."""
     body = json.dumps({"model": MODEL, "stream": True, "max_tokens": 64,
                        "stream_options": {"include_usage": True},
                        "messages": [{"role": "user", "content": "benchmark"}]}).encode()
@@ -465,7 +465,7 @@ async def client_cost(base: str, name: str, requests: int, concurrency: int) -> 
     path = "/v1/chat/completions"
     closers = []
     if name == "gateway":
-        from serving.gateway.upstream_http import ReplicaConnections
+        from serving.gateway.upstream.http_client import ReplicaConnections
         pool = ReplicaConnections(base, connect_timeout=5, read_timeout=60, keepalive=4,
                                   headers=headers)
         closers.append(pool.aclose)

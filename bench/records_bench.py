@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.processes import fresh_postgres, postgres
-from serving.gateway.records import RecordWriter
+from serving.gateway.telemetry.record_writer import RecordWriter
 from vigil.storage.gateway_records import GatewayRecord
 
 

@@ -54,6 +54,7 @@ from collector.vllm_families import (
     FamilyCheck,
     VersionAnswer,
     check_families,
+    declared_names,
     join_warnings,
 )
 from vigil.clock import Clock, system_clock
@@ -127,7 +128,7 @@ class ScrapeWriter:
             return self._write_result(result, [])
         points = points_from_families(result.families, target, ts_ms)
         if target.kind == KIND_VLLM:
-            self._check_families(target.name, points)
+            self._check_families(target.name, points, declared_names(result.families))
         text = _text_format_body(fetched)
         learned = Layout.build(text, points, ts_ms) if text is not None else None
         if learned is None:
@@ -136,8 +137,9 @@ class ScrapeWriter:
             self._layouts[target.name] = learned
         return self._write_result(result, points)
 
-    def _check_families(self, name: str, points: list[StorePoint]) -> None:
-        names = frozenset(key.name for key, _, _, _ in points)
+    def _check_families(self, name: str, points: list[StorePoint],
+                        declared: frozenset[str] = frozenset()) -> None:
+        names = frozenset(key.name for key, _, _, _ in points) | declared
         digest = hash(names)
         known = self._families.get(name)
         if known is None or known[0] != digest:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Collection, Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from vigil.conventions import (
     KIND_VLLM,
@@ -59,6 +59,7 @@ __all__ = [
     "RequiredFamily",
     "VersionAnswer",
     "check_families",
+    "declared_names",
     "families_for_indicator",
     "health_warnings",
     "join_warnings",
@@ -204,6 +205,25 @@ class FamilyCheck(NamedTuple):
 
 #: A complete exposition: nothing to say.
 COMPLETE = FamilyCheck()
+
+
+def declared_names(families: Iterable[Any]) -> frozenset[str]:
+    """The sample names the families declared without a sample yet would have: a labelled
+    family has no child before its first observation (vLLM's ``http_requests_total`` before
+    the first request, prometheus-fastapi-instrumentator creating it lazily), yet the target
+    exposes it. ``families``: prometheus_client ``Metric`` objects (a counter named without
+    ``_total``)."""
+    out: set[str] = set()
+    for f in families:
+        if f.samples:
+            continue
+        if f.type == "counter":
+            out.add(f.name + "_total")
+        elif f.type == "histogram":
+            out.update((f.name + SUFFIX_BUCKET, f.name + "_count", f.name + "_sum"))
+        else:
+            out.add(f.name)
+    return frozenset(out)
 
 
 def check_families(names: Collection[str]) -> FamilyCheck:

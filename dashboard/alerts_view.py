@@ -19,7 +19,7 @@ from typing import Any
 
 from alerts.conditions import ConditionState, evaluate_conditions
 from alerts.notifier import read_status
-from slo.scaling.signals import kv_usage_by_pool_replica
+from slo.scaling.signals import kv_usage_of_fleet
 from slo.sources.protocol import Source
 from vigil.config import Config
 from vigil.conventions import (
@@ -74,10 +74,8 @@ def evaluated_alerts(config: Config, status: Mapping[str, Any], source: Source, 
                      ) -> list[dict[str, Any]]:
     """The alert conditions of `vigil serve` evaluated once over ``status`` at ``at_s``, with
     each replica's KV-cache usage read as `vigil serve` reads it (through the pool's selector
-    in a Prometheus, ``slo.scaling.signals.kv_usage_by_pool_replica``)."""
-    kv: dict[tuple[str, str], float] = {}
-    for pool in config.pools:
-        kv.update(kv_usage_by_pool_replica(source, pool, at_s))
+    in a Prometheus, ``slo.scaling.signals.kv_usage_of_fleet``)."""
+    kv = kv_usage_of_fleet(config, source, at_s)
     alerts, _ = evaluate_conditions(config, status, [], ConditionState(), at_s, kv_usage=kv,
                                     down_streaks={})
     return alert_rows([a.as_dict() for a in alerts], FROM_CONDITIONS)

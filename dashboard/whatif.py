@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from slo.cost.pool import gpu_hours_of
+from vigil.durations import SECONDS_PER_HOUR
 
 __all__ = ["observed_replicas", "per_1000_requests"]
 
-_SECONDS_PER_HOUR = 3600.0
 
 
 def per_1000_requests(*, requests: float | None, window_s: float, replicas: float,
@@ -43,4 +43,4 @@ def observed_replicas(cost: Mapping[str, Any], window_s: float, gpus_per_replica
     hours = cost.get("gpu_hours")
     if hours is None or window_s <= 0:
         return None
-    return float(hours) / (window_s / _SECONDS_PER_HOUR) / gpus_per_replica
+    return float(hours) / (window_s / SECONDS_PER_HOUR) / gpus_per_replica

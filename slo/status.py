@@ -33,34 +33,19 @@ from slo.objectives.sli import (
 from slo.objectives.spec import SloSpec, effective_slos
 from slo.planning.pool_profile import pool_capacity
 from slo.promql.aggregate import sum_by
-from slo.promql.lookup import SemanticsLike
-from slo.scaling.signals import recommend_for_pool
-from slo.sources.embedded import EmbeddedSource, avg_aggregate
-from slo.sources.protocol import RequestLog, Source, is_external
+from slo.scaling.signals import kv_usage_at, recommend_for_pool
+from slo.sources.embedded import EmbeddedSource
+from slo.sources.protocol import RequestLog, Source, is_external, source_kind
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
     ENDPOINT_ALL,
-    LABEL_INSTANCE,
     SERIES_UP,
-    SOURCE_PROMETHEUS,
-    VLLM_KV_CACHE_USAGE,
     VLLM_REQUESTS_WAITING,
 )
 from vigil.durations import format_duration
 from vigil.errors import SourceError
-from vigil.model import Labels
 
-__all__ = ["evaluate", "json_safe", "pool_status", "source_kind"]
-
-def source_kind(source: Source) -> str:
-    """``"embedded"`` or ``"prometheus"``: the source's ``kind`` attribute if it has one."""
-    kind = getattr(source, "kind", None)
-    if isinstance(kind, str) and kind:
-        return kind
-    if type(source).__module__ == "slo.sources.prometheus":
-        return SOURCE_PROMETHEUS
-    return type(source).__name__
-
+__all__ = ["evaluate", "json_safe", "pool_status"]
 
 def json_safe(value: Any) -> Any:
     """``value`` with every NaN/±Inf float replaced by ``None`` and numpy scalars made plain
@@ -75,16 +60,6 @@ def json_safe(value: Any) -> Any:
         f = float(value)
         return f if math.isfinite(f) else None
     return value
-
-
-def _max(vector: Mapping[Labels, float]) -> float | None:
-    """PromQL ``max(v)``: NaN loses to any number (engine.go: ``group.value < v || isNaN``)."""
-    out: float | None = None
-    for labels in sorted(vector):
-        v = vector[labels]
-        if out is None or out < v or math.isnan(out):
-            out = v
-    return out
 
 
 def _profile_summary(profile: Any) -> dict[str, Any]:
@@ -115,24 +90,6 @@ def _scaling(source: Source, config: Config, pool: PoolConfig, at_s: float) -> A
     return out
 
 
-def _per_instance(
-    vector: Mapping[Labels, float], semantics: SemanticsLike, label: str = LABEL_INSTANCE
-) -> dict[Labels, float]:
-    """PromQL ``avg by (<label>) (v)`` (``label``: the replica label, ``instance`` in the
-    store): a replica with several series (one per data-parallel engine) counts once, with the
-    mean of its engines, as the scaling signals count it."""
-    groups: dict[Labels, dict[Labels, float]] = {}
-    for labels, value in vector.items():
-        key = tuple((k, v) for k, v in labels if k == label)
-        groups.setdefault(key, {})[labels] = value
-    out: dict[Labels, float] = {}
-    for key, members in groups.items():
-        mean = avg_aggregate(members, semantics)
-        if mean is not None:
-            out[key] = mean
-    return out
-
-
 def pool_status(
     config: Config, source: Source, pool: PoolConfig, at_s: float, window_s: float,
     *, request_log: RequestLog | None = None, quantile_source: str = "auto",
@@ -143,7 +100,7 @@ def pool_status(
     sem = source.semantics
     models = {pool.model} | {s.model for s in effective_slos(config) if s.pool == pool.name}
     replica = replica_label(pool, source)
-    kv = _per_instance(source.instant(VLLM_KV_CACHE_USAGE, m, at_s), sem, replica)
+    kv = kv_usage_at(source, pool, at_s)
     waiting = source.instant(VLLM_REQUESTS_WAITING, m, at_s)
     up = source.instant(SERIES_UP, vllm_up_matchers(pool, source), at_s)
     return {
@@ -151,8 +108,10 @@ def pool_status(
                                   request_log=request_log, normalised_output_tokens=(
                                       config.slo_defaults.e2e_reference_output_tokens),
                                   quantile_source=quantile_source),
-        # avg/max over the pool's replicas of their latest value (ratio 0-1)
-        "kv_cache_usage": {"avg": avg_aggregate(kv, sem), "max": _max(kv)},
+        # mean/max over the pool's replicas of their latest value (ratio 0-1), as the
+        # scaling signals and the KvCacheUsageHigh alert read it
+        "kv_cache_usage": {"avg": None if kv is None else kv[0],
+                           "max": None if kv is None else kv[1]},
         # sum(vllm:num_requests_waiting{pool}): requests waiting, deferred ones included
         "queue_length": sum_by(waiting, (), sem).get(()),
         # Replicas, not series: a pod scraped by two jobs has two `up` series.

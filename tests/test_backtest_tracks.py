@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.backtest_history import MODEL, History, Replica, between, write_store
+from support.same_numbers import EXACT, same_numbers
 
 from collector.store import Store
 from slo.backtest.sli import latency_bounds, sli_tracks
@@ -41,13 +42,6 @@ from vigil.model import RequestRecord, SeriesKey, labels_of
 SEMANTICS = (Semantics.V2, Semantics.V3)
 START = 1_790_000_000.0
 HOUR = 3600.0
-
-
-def _same(a: float | None, b: float | None) -> bool:
-    """Equal bit for bit (NaN equals NaN), or both absent."""
-    if a is None or b is None:
-        return a is None and b is None
-    return (math.isnan(a) and math.isnan(b)) or a == b
 
 
 def _random_counter(rng: random.Random, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -89,7 +83,7 @@ def test_increase_track_is_increase_at_every_instant(semantics: Semantics, seed:
         for i, at_ms in enumerate(instants.tolist()):
             want = increase(ts, values, at_ms / 1000, range_ms / 1000, semantics)
             got = float(track.values[i]) if track.present[i] else None
-            assert _same(got, want), (range_ms, at_ms, got, want)
+            assert same_numbers(got, want, EXACT), (range_ms, at_ms, got, want)
 
 
 @pytest.mark.parametrize("semantics", SEMANTICS)
@@ -107,7 +101,7 @@ def test_instant_track_is_the_instant_selector_at_every_instant(semantics: Seman
             want = instant_value(ts, vals, at_ms / 1000, lookback_ms / 1000, semantics,
                                  stale=stale)
             got = float(track.values[i]) if track.present[i] else None
-            assert _same(got, want), (lookback_ms, at_ms, got, want)
+            assert same_numbers(got, want, EXACT), (lookback_ms, at_ms, got, want)
 
 
 @pytest.mark.parametrize("semantics", SEMANTICS)
@@ -126,8 +120,10 @@ def test_sum_and_avg_tracks_are_sum_by_and_avg(semantics: Semantics) -> None:
                   for k, t in enumerate(tracks) if t.present[i]}
         want_sum = sum_by(vector, (), semantics).get(())
         want_avg = avg_aggregate(vector, semantics)
-        assert _same(float(total.values[i]) if total.present[i] else None, want_sum), i
-        assert _same(float(mean.values[i]) if mean.present[i] else None, want_avg), i
+        got_sum = float(total.values[i]) if total.present[i] else None
+        got_avg = float(mean.values[i]) if mean.present[i] else None
+        assert same_numbers(got_sum, want_sum, EXACT), i
+        assert same_numbers(got_avg, want_avg, EXACT), i
 
 
 @pytest.mark.parametrize("threshold", [0.8, 1.0, 0.001, 0.0005, 100.0, 1e9, -1.0, 0.3])
@@ -147,7 +143,7 @@ def test_fraction_below_is_bucket_fraction_below(threshold: float) -> None:
             assert not got.present[i]
             continue
         want, want_interp = bucket_fraction_below(threshold, found)
-        assert _same(float(got.values[i]), want), (i, found)
+        assert same_numbers(float(got.values[i]), want, EXACT), (i, found)
         assert bool(interpolated[i]) == want_interp, (i, found)
 
 
@@ -227,7 +223,7 @@ def test_sli_tracks_equal_error_ratio_at_every_instant(store: Store, semantics: 
             want = error_ratio(spec, source, at_ms / 1000, w).error_ratio
             got = float(track.values[i]) if track.present[i] else None
             if exact or got is None or want is None:
-                assert _same(got, want), (w, at_ms, got, want)
+                assert same_numbers(got, want, EXACT), (w, at_ms, got, want)
             else:
                 assert got == pytest.approx(want, rel=1e-14, abs=1e-15), (w, at_ms)
             compared += want is not None
@@ -294,4 +290,4 @@ def test_sli_tracks_from_the_request_log_equal_error_ratio(store: Store, spec: S
         for i, at_ms in enumerate(grid.instants_ms().tolist()):
             want = error_ratio(spec, source, at_ms / 1000, w, request_log=log).error_ratio
             got = float(tracks[w].values[i]) if tracks[w].present[i] else None
-            assert _same(got, want), (w, at_ms, got, want)
+            assert same_numbers(got, want, EXACT), (w, at_ms, got, want)

@@ -1,4 +1,4 @@
-"""Several gateway instances share one batch queue (serving/gateway/batch_store.py, batch.py):
+"""Several gateway instances share one batch queue (serving/gateway/batch/store.py, queue.py):
 each request is claimed by one instance, a lease that runs out passes the request to another,
 a stale owner writes nothing, and each batch is finalized once. Run on SQLite and, where the
 fixture's server is available, on PostgreSQL.
@@ -39,8 +39,8 @@ from support.batch import (
     wait_until,
 )
 
-from serving.gateway.batch import BatchQueue, BatchRequest
-from serving.gateway.batch_store import MIGRATIONS, BatchStore, NewRequest
+from serving.gateway.batch.queue import BatchQueue, BatchRequest
+from serving.gateway.batch.store import MIGRATIONS, BatchStore, NewRequest
 from vigil.storage.database import SCHEMA_TABLE
 
 LEASE = 30.0

@@ -30,9 +30,8 @@ from slo.planning.profile_store import ProfileStore
 from slo.planning.replica.profiles import Profile
 from vigil.capacity import CapacityProfile, Probe, SloTarget
 from vigil.config import CapacityConfig, load_config
-from vigil_shell import capacity_cli
 from vigil_shell.capacity_cli import slo_targets
-from vigil_shell.cli import build_parser, main
+from vigil_shell.cli import main
 
 pytestmark = pytest.mark.slow
 
@@ -169,10 +168,11 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
 
 def _run_cli(argv: list[str]) -> tuple[int, str, str]:
-    """``vigil capacity ...`` in this process: exit code, stdout, stderr."""
-    args = build_parser("capacity").parse_args(argv)
+    """``vigil capacity ...`` in this process, as the command line runs it (an option error
+    becomes the exit code 2 and a line on stderr there): exit code, stdout, stderr."""
     out, err = io.StringIO(), io.StringIO()
-    code = capacity_cli.run(args, out=out, err=err)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
     return code, out.getvalue(), err.getvalue()
 
 

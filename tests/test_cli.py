@@ -1,5 +1,5 @@
-"""The ``vigil`` command as a whole: options spelled once (``vigil.cli_options``), a missing
-extra named in one line with exit code 2 (``vigil.extras``), ``--help`` without any extra."""
+"""The ``vigil`` command as a whole: options spelled once (``vigil_shell.options``), a missing
+extra named in one line with exit code 2 (``vigil_shell.extras``), ``--help`` without any extra."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from vigil.cli_options import (
+from vigil.errors import ConfigError, ExtraMissingError
+from vigil_shell.cli import main
+from vigil_shell.extras import EXTRAS, extra_of, missing_extra, require_modules
+from vigil_shell.options import (
     add_log_level_option,
     add_prometheus_url_option,
     duration_arg,
     parse_listen,
     positive_duration_arg,
 )
-from vigil.errors import ConfigError, ExtraMissingError
-from vigil.extras import EXTRAS, extra_of, missing_extra, require_modules
-from vigil_shell.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 #: Every optional module, blocked as if no extra were installed.

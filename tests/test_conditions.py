@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.conditions import ConditionState, evaluate_conditions, kv_usage_by_replica
+from alerts.conditions import ConditionState, evaluate_conditions
 from vigil.config import parse_config
 from vigil.conventions import (
     ALERT_ERROR_BUDGET_BURN,
@@ -151,12 +151,6 @@ def test_kv_high_falls_back_to_the_pool_max():
     assert names(alerts) == [ALERT_KV_CACHE_HIGH]
     # Exactly at the threshold does not fire (strictly above).
     assert run([(status(kv_max=0.90), UP, {})]) == [[]]
-
-
-def test_kv_usage_by_replica_averages_engines():
-    vector = {(("instance", "r0"), ("engine", "0")): 0.9, (("instance", "r0"), ("engine", "1")):
-              1.0, (("instance", "r1"),): float("nan")}
-    assert kv_usage_by_replica(vector, {"r0": "chat", "r1": "chat"}) == {("chat", "r0"): 0.95}
 
 
 def test_token_anomaly_grouped_per_model():

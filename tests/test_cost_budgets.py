@@ -17,11 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from support import chargeback as cb
 from support.alerts import Receiver, receiver
 
+from serve.server import Server
 from slo.cost.budgets import budget_status, day_starts
 from slo.cost.months import month_bounds
 from vigil.config import Config, parse_config
 from vigil.errors import ConfigError
-from vigil_shell.serve import Server
 
 #: acme spends 0.25 by T0 + 400 (r1), 0.35 by T0 + 2100 (r4), 0.45 by T0 + 4500 (r8).
 BUDGETS = [

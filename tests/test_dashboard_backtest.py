@@ -65,6 +65,7 @@ from slo.objectives.spec import SloSpec, effective_slos
 from slo.sources.embedded import EmbeddedSource
 from vigil.config import Config, load_config
 from vigil.conventions import DASHBOARD_ENV_AT, DASHBOARD_ENV_CONFIG
+from vigil.durations import format_duration
 
 REPO = Path(__file__).resolve().parent.parent
 APP = str(REPO / "dashboard" / "app.py")
@@ -218,6 +219,10 @@ def test_the_tables_are_the_backtests_alerts_and_missed_burns(
     assert metrics["Pages"] == "1" and metrics["Tickets"] == "1"
     assert metrics["Missed burns"] == str(len(s.missed_burns))
     assert metrics["Budget left at the end"] == fmt.percent(s.budget_remaining)
+    # The range is shorter than the SLO's period: the card says how much of it it saw.
+    (budget,) = [m for m in app.metric if m.label == "Budget left at the end"]
+    seen = format_duration(min(s.spec.period_s, expected.end - expected.start))
+    assert budget.delta == f"over {seen} of its {format_duration(s.spec.period_s)} period"
     # The range and the evaluations are the backtest's.
     assert f"{expected.grid.n:,} evaluations" in texts(app)
 

@@ -19,8 +19,8 @@ import pytest
 from support.dashboard_seed import config_toml
 from support.loopback import free_port
 
-from vigil.children import port_free
 from vigil.config import parse_config
+from vigil_shell.children import port_free
 from vigil_shell.cli import main
 from vigil_shell.dashboard_cli import APP_PATH, add_arguments, listen_address, streamlit_command
 

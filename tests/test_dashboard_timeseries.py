@@ -126,6 +126,10 @@ def test_burn_point_is_the_status_window(seeded: tuple[Config, EmbeddedSource],
                                          status: dict[str, Any]) -> None:
     config, source = seeded
     specs = {s.name: s for s in effective_slos(config)}
+    # The default SLOs of both seeded pools, so that the loop below checks each of them.
+    assert sorted(slo["name"] for slo in status["slos"]) == sorted(
+        f"{pool}-{indicator}" for pool in ("chat", "batch")
+        for indicator in ("ttft", "e2e", "error-rate", "availability"))
     for slo in status["slos"]:
         for window, seconds in (("5m", 300.0), ("1h", 3600.0), ("3d", 3 * 86400.0)):
             got = ts.burn_point(specs[slo["name"]], source, AT, seconds)

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 from support.fleet import ITL_LE, LATENCY_LE, MODEL, TOKENS_LE, TTFT_LE
 from support.prometheus import PrometheusServer, PromSeries, prometheus_fixture
+from support.same_numbers import Tolerance, assert_same_numbers
 
 from collector.store import Store
 from dashboard.empty_states import has_dcgm
@@ -61,7 +62,8 @@ from vigil.selectors import LabelMatcher, Selector, as_selector, parse_selector
 
 pytestmark = pytest.mark.slow
 
-REL_TOL = 1e-9
+#: The engine over Prometheus and over the store: float rounding apart, zero exactly zero.
+AGREE = Tolerance(1e-9, 0.0)
 SEED = 20260417
 T0_MS = 1_770_000_000_000  # fixed: identical blocks on every run
 SPAN_MS = 3 * 3600 * 1000
@@ -260,25 +262,6 @@ def sources(prom: PrometheusServer, store: Store
         yield p, EmbeddedSource(store, semantics="2")
 
 
-def _same(a: Any, b: Any, path: str = "") -> None:
-    """``a == b`` with floats to ``REL_TOL`` relative, naming the first key that differs."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        assert sorted(a) == sorted(b), f"{path}: keys {sorted(a)} != {sorted(b)}"
-        for k in a:
-            _same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        assert len(a) == len(b), f"{path}: {len(a)} items != {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _same(x, y, f"{path}[{i}]")
-    elif isinstance(a, float) and isinstance(b, float):
-        if math.isnan(a) or math.isnan(b):
-            assert math.isnan(a) and math.isnan(b), f"{path}: {a} != {b}"
-        else:
-            assert math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-300), f"{path}: {a} != {b}"
-    else:
-        assert a == b, f"{path}: {a!r} != {b!r}"
-
-
 # --- the selector reaches the pool's series only -------------------------------------------------
 def test_the_selector_leaves_the_decoys_out(prom: PrometheusServer) -> None:
     at = DATA.times_s[-1]
@@ -317,7 +300,7 @@ def test_status_is_the_same_over_both_sources(
     from_store = evaluate(CONFIG, e, at)
     assert from_prom.pop("source") == "prometheus"
     assert from_store.pop("source") == "embedded"
-    _same(from_prom, from_store)
+    assert_same_numbers(from_prom, from_store, tolerance=AGREE)
     pool = from_store["pools"]["chat"]
     # The comparison is not vacuous: every figure is there.
     assert pool["cost"]["gpu_hours"] is not None and pool["cost"]["gpu_hours"] > 0
@@ -331,6 +314,9 @@ def test_every_slo_has_an_sli_somewhere(sources: tuple[PrometheusSource, Embedde
                                         ) -> None:
     _, e = sources
     status = evaluate(CONFIG, e, DATA.times_s[-1])
+    # Every SLO of the config, so that the loop below checks each of them.
+    assert sorted(slo["name"] for slo in status["slos"]) == [
+        "chat-availability", "chat-e2e", "chat-error-rate", "chat-replica-up", "chat-ttft"]
     for slo in status["slos"]:
         ratios = [w.get("error_ratio") for w in slo["windows"].values()
                   if isinstance(w, dict)]
@@ -342,11 +328,12 @@ def test_kv_mean_per_replica(sources: tuple[PrometheusSource, EmbeddedSource],
                              at: float) -> None:
     p, e = sources
     pool = CONFIG.pools[0]
-    _same(kv_usage_at(p, pool, at), kv_usage_at(e, pool, at))
+    assert_same_numbers(kv_usage_at(p, pool, at), kv_usage_at(e, pool, at), tolerance=AGREE)
     by_pod = kv_usage_by_pool_replica(p, pool, at)
     by_instance = kv_usage_by_pool_replica(e, pool, at)
     names = {"chat-vllm-0": "chat-0", "chat-vllm-1": "chat-1"}
-    _same({("chat", names[r]): v for (_, r), v in by_pod.items()}, by_instance)
+    assert_same_numbers({("chat", names[r]): v for (_, r), v in by_pod.items()}, by_instance,
+                        tolerance=AGREE)
     assert all(pool_name == "chat" for pool_name, _ in by_pod)
 
 
@@ -356,7 +343,8 @@ def test_replica_count_and_gpu_hours(sources: tuple[PrometheusSource, EmbeddedSo
     p, e = sources
     pool = CONFIG.pools[0]
     assert current_replicas(p, pool, at) == current_replicas(e, pool, at)
-    _same(gpu_hours(p, CONFIG, pool, at, 3600.0), gpu_hours(e, CONFIG, pool, at, 3600.0))
+    assert_same_numbers(gpu_hours(p, CONFIG, pool, at, 3600.0),
+                        gpu_hours(e, CONFIG, pool, at, 3600.0), tolerance=AGREE)
     assert set(up_seconds(p, CONFIG, pool, at, 3600.0)) <= {
         (("pod", "chat-vllm-0"),), (("pod", "chat-vllm-1"),)}
 
@@ -370,12 +358,12 @@ def test_a_pod_scraped_by_two_jobs_is_billed_and_counted_once(
     one = CONFIG.pools[0]
     assert len(p.instant(SERIES_UP, pool_series(both, p), at)) == len(
         p.instant(SERIES_UP, pool_series(one, p), at)) + 1
-    _same(gpu_hours(p, CONFIG_BOTH_JOBS, both, at, 3600.0),
-          gpu_hours(e, CONFIG, one, at, 3600.0))
+    assert_same_numbers(gpu_hours(p, CONFIG_BOTH_JOBS, both, at, 3600.0),
+                        gpu_hours(e, CONFIG, one, at, 3600.0), tolerance=AGREE)
     assert current_replicas(p, both, at) == current_replicas(e, one, at)
     from_prom = evaluate(CONFIG_BOTH_JOBS, p, at)["pools"]["chat"]
     from_store = evaluate(CONFIG, e, at)["pools"]["chat"]
-    _same(from_prom["cost"], from_store["cost"])
+    assert_same_numbers(from_prom["cost"], from_store["cost"], tolerance=AGREE)
     assert from_prom["replicas_up"] == from_store["replicas_up"]
 
 
@@ -389,7 +377,7 @@ def test_gpu_utilisation_through_the_dcgm_selector(
     from_store = sm_point(e, pool, at)
     assert sorted(from_prom) == ["10.0.1.5:9400 gpu 0", "10.0.1.5:9400 gpu 1"]
     assert sorted(from_store) == ["dcgm-gpu-a1 gpu 0", "dcgm-gpu-a1 gpu 1"]
-    _same(list(from_prom.values()), list(from_store.values()))
+    assert_same_numbers(list(from_prom.values()), list(from_store.values()), tolerance=AGREE)
 
 
 def test_the_server_page_knows_a_dcgm_selector() -> None:

@@ -54,7 +54,7 @@ from support.prometheus import PrometheusServer
 from alerts.rules.engine_value import engine_value
 from alerts.rules.pipeline import Rule, RulesOptions, RulesResult, generate
 from collector.store import Store
-from serving.gateway.auth import key_sha256
+from serving.gateway.front.api_keys import key_sha256
 from serving.sim.testing import FleetHandle, running_fleet, sample_values
 from slo.cost.pool import up_seconds
 from slo.sources.embedded import EmbeddedSource

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from support.gateway import MODEL, gateway_config, running_gateway, scripted_upstream
 
-from serving.gateway.auth import KeyRing, key_sha256
 from serving.gateway.errors import Unauthorized
-from serving.gateway.types import Caller
+from serving.gateway.front.api_keys import KeyRing, key_sha256
+from serving.gateway.tiers import Caller
 from vigil.config import ApiKeyConfig
 
 

@@ -1,5 +1,5 @@
 """The batch API over real HTTP: the official openai client against a simulated replica, bad
-input files, tenant isolation, batch creation checks (serving/gateway/batch_api.py)."""
+input files, tenant isolation, batch creation checks (serving/gateway/batch/api.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Batch input validation and the OpenAI object shapes (serving/gateway/batch_api.py)."""
+"""Batch input validation and the OpenAI object shapes (serving/gateway/batch/api.py)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import json
 import pytest
 from openai.types import Batch, FileObject
 
-from serving.gateway.batch_api import (
+from serving.gateway.batch.api import (
     MAX_LINES,
     InputLine,
     batch_object,
     file_object,
     parse_batch_input,
 )
-from serving.gateway.batch_store import RequestCounts, StoredBatch, StoredFile
+from serving.gateway.batch.store import RequestCounts, StoredBatch, StoredFile
 from vigil.errors import BatchInputError
 
 MODEL = "m"
@@ -114,7 +114,7 @@ def test_objects_parse_with_the_openai_types() -> None:
 
 
 def test_public_surface() -> None:
-    import serving.gateway.batch as batch
+    import serving.gateway.batch.queue as batch
 
     assert sorted(batch.__all__) == ["BatchQueue", "BatchRequest", "OffPeakWindow",
                                      "has_headroom", "parse_off_peak"]

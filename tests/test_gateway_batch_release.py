@@ -1,5 +1,5 @@
 """When the batch queue releases work: headroom, off-peak windows (injected clock), the
-in-flight bound, retries, expiry, cancellation and retention (serving/gateway/batch.py)."""
+in-flight bound, retries, expiry, cancellation and retention (serving/gateway/batch/queue.py)."""
 
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ from support.batch import (
     wait_until,
 )
 
-from serving.gateway.batch import _PURGE_EVERY as PURGE_EVERY
-from serving.gateway.batch import BatchRequest, OffPeakWindow, has_headroom, parse_off_peak
-from serving.gateway.types import PoolLoad
+from serving.gateway.batch.queue import _PURGE_EVERY as PURGE_EVERY
+from serving.gateway.batch.queue import BatchRequest, OffPeakWindow, has_headroom, parse_off_peak
+from serving.gateway.tiers import PoolLoad
 from serving.sim.testing import FleetHandle, running_fleet, sample_values, total
 from vigil.config import BatchConfig
 from vigil.errors import ConfigError

@@ -1,6 +1,6 @@
 """The batch queue survives a gateway restart: what was in flight is sent again (at once after
 a clean stop, which hands it back; once its lease has run out after a crash), and every
-request has exactly one result (serving/gateway/batch.py, batch_store.py)."""
+request has exactly one result (serving/gateway/batch/queue.py, store.py)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from support.batch import (
     wait_until,
 )
 
-from serving.gateway.batch import BatchRequest
-from serving.gateway.batch_store import DEFAULT_LEASE, BatchStore, NewRequest
+from serving.gateway.batch.queue import BatchRequest
+from serving.gateway.batch.store import DEFAULT_LEASE, BatchStore, NewRequest
 from serving.sim.testing import running_fleet
 from vigil.conventions import BATCH_TABLE_BATCHES, BATCH_TABLE_FILES, BATCH_TABLE_REQUESTS
 from vigil.storage.database import SCHEMA_TABLE

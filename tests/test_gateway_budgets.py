@@ -31,7 +31,6 @@ from support.gateway import (
 from support.loopback import Answer, LoopbackServer, Responder, free_port
 
 from collector.exposition import parse
-from serving.gateway.auth import key_sha256
 from serving.gateway.budgets import (
     BudgetPoller,
     BudgetState,
@@ -40,6 +39,7 @@ from serving.gateway.budgets import (
     header_value,
     parse_budgets,
 )
+from serving.gateway.front.api_keys import key_sha256
 from serving.sim.testing import running_fleet
 from slo.cost.months import month_of, next_month
 from vigil.config import Config, parse_config

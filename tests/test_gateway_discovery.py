@@ -30,9 +30,9 @@ from support.gateway import (
 )
 
 from collector.discovery import ORIGIN_STATIC, TargetSet
-from serving.gateway.auth import key_sha256
-from serving.gateway.pipeline import Gateway
-from serving.gateway.upstreams import Upstreams
+from serving.gateway.front.api_keys import key_sha256
+from serving.gateway.gateway import Gateway
+from serving.gateway.upstream.replicas import Upstreams
 from serving.sim.testing import FleetHandle, running_fleet
 from vigil.clock import ManualClock
 from vigil.config import Config, parse_config

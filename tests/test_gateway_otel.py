@@ -25,7 +25,7 @@ from support.gateway import (
 from support.loopback import LoopbackServer, wait_for
 from support.otlp import OtlpReceiver, Point, Span, otlp_receiver, rotel_collector
 
-from serving.gateway.upstream_http import ReplicaConnections
+from serving.gateway.upstream.http_client import ReplicaConnections
 from serving.sim.testing import FleetHandle, running_fleet
 from vigil.config import parse_config
 from vigil.conventions import (

@@ -16,7 +16,7 @@ from support.gateway import (
 )
 
 from serving.gateway.errors import BadRequest, OverCap
-from serving.gateway.policy import MaxTokens, apply_max_tokens
+from serving.gateway.max_tokens import MaxTokens, apply_max_tokens
 
 POLICY = {"tier": "standard", "cap": 100, "default": 512, "over_cap": "reject"}
 

@@ -12,8 +12,8 @@ import pytest
 from support.loopback import wait_for
 
 from serving.gateway.accounting import ShareLedger, gpu_cost_per_second
-from serving.gateway.batch_store import BatchStore
-from serving.gateway.records import RecordWriter
+from serving.gateway.batch.store import BatchStore
+from serving.gateway.telemetry.record_writer import RecordWriter
 from slo.sources.protocol import RequestLog
 from slo.sources.request_log import GatewayRecords
 from vigil.clock import ManualClock
@@ -300,7 +300,7 @@ def test_close_says_how_many_it_could_not_write(tmp_path: Path) -> None:
 def test_metrics_export_the_writers_counts(tmp_path: Path) -> None:
     from prometheus_client import generate_latest
 
-    from serving.gateway.metrics import GatewayMetrics
+    from serving.gateway.telemetry.metrics import GatewayMetrics
 
     w = RecordWriter(tmp_path / "gw.db", max_queue=3)
     for i in range(5):

@@ -32,9 +32,11 @@ from support.gateway import (
 )
 
 from collector.exposition import normalise_vllm_names, parse
-from serving.gateway.auth import key_sha256
-from serving.gateway.batch import BatchRequest
-from serving.gateway.prefix import (
+from serving.gateway.batch.queue import BatchRequest
+from serving.gateway.front.api_keys import key_sha256
+from serving.gateway.tiers import Caller
+from serving.gateway.upstream.forwarder import _FirstRead
+from serving.gateway.upstream.prompt_key import (
     CHARS_PER_TOKEN,
     CHUNK_CHARS,
     CHUNK_TOKENS,
@@ -42,8 +44,8 @@ from serving.gateway.prefix import (
     PromptKey,
     prompt_key,
 )
-from serving.gateway.proxy import _FirstRead
-from serving.gateway.routing import (
+from serving.gateway.upstream.replicas import Replica, Upstreams
+from serving.gateway.upstream.routing import (
     DEFAULT_PREFILL_TOKENS_PER_S,
     LOAD_RATIO,
     LOAD_SLACK,
@@ -57,8 +59,6 @@ from serving.gateway.routing import (
     rendezvous,
     uncached_tokens,
 )
-from serving.gateway.types import Caller
-from serving.gateway.upstreams import Replica, Upstreams
 from serving.sim.testing import running_fleet, sample_values, total
 from vigil.config import Config, SloConfig
 
@@ -196,7 +196,7 @@ def test_models_and_tools_never_share_chunks() -> None:
 
 def test_the_anchor_is_the_same_in_every_process() -> None:
     body = _chat(SYSTEM_A, "q")
-    script = ("import json, sys; from serving.gateway.prefix import prompt_key; "
+    script = ("import json, sys; from serving.gateway.upstream.prompt_key import prompt_key; "
               "print(prompt_key('chat', json.loads(sys.argv[1])).anchor)")
     seen = {subprocess.run([sys.executable, "-c", script, json.dumps(body)], check=True,
                            capture_output=True, text=True, env={**os.environ,

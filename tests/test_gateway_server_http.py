@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from serving.gateway.client_io import DisconnectWatch
-from serving.gateway.server_http import HttpToolsOneWrite, _HeadHeld, protocol
+from serving.gateway.front.client import DisconnectWatch
+from serving.gateway.front.uvicorn_protocol import HttpToolsOneWrite, _HeadHeld, protocol
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n"
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from serving.gateway.sse import SSE_DONE, MalformedStream, SseFramer, StreamTally, sse_event
+from serving.gateway.front.sse import SSE_DONE, MalformedStream, SseFramer, StreamTally, sse_event
 
 _ID = "chatcmpl-8f2c4e1a9b7d4c3e8a6f0b2d1e9c7a54"
 

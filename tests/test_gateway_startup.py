@@ -9,7 +9,7 @@ import httpx
 from support.gateway import PREMIUM, gateway_config, running_gateway
 from support.loopback import free_port
 
-from serving.gateway.pipeline import Gateway
+from serving.gateway.gateway import Gateway
 from vigil_shell.gateway_cli import freeze_heap
 
 

@@ -25,7 +25,7 @@ from support.gateway import (
 
 from collector.exposition import parse
 from serving.gateway.admission import has_headroom, in_off_peak
-from serving.gateway.types import PoolLoad
+from serving.gateway.tiers import PoolLoad
 from serving.sim.testing import FleetHandle, running_fleet, sample_values, total
 from slo.planning.replica.profiles import get_profile
 from vigil.config import BatchConfig

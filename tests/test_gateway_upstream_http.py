@@ -1,5 +1,5 @@
-"""The gateway's own HTTP/1.1 client (``serving.gateway.upstream_http``) against real loopback
-servers: keep-alive reuse, bodies as they arrive, timeouts, broken answers, closing an
+"""The gateway's own HTTP/1.1 client (``serving.gateway.upstream.http_client``) against real
+loopback servers: keep-alive reuse, bodies as they arrive, timeouts, broken answers, closing an
 unfinished answer, back-pressure. Every test runs with httptools and with the h11 fallback."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from support.gateway import MODEL, ScriptedUpstream, scripted_upstream
 from support.loopback import free_port
 
-from serving.gateway import upstream_http
-from serving.gateway.upstream_http import (
+from serving.gateway.upstream import http_client as upstream_http
+from serving.gateway.upstream.http_client import (
     BUFFER_LIMIT,
     BrokenResponse,
     ConnectFailed,

@@ -24,9 +24,9 @@ from support.gateway import (
 )
 from support.loopback import free_port
 
-from serving.gateway.auth import key_sha256
-from serving.gateway.batch import BatchRequest
-from serving.gateway.types import Caller
+from serving.gateway.batch.queue import BatchRequest
+from serving.gateway.front.api_keys import key_sha256
+from serving.gateway.tiers import Caller
 from serving.sim.testing import running_fleet
 from slo.sources.request_log import GatewayRecords
 

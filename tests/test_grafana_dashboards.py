@@ -23,10 +23,10 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from support.grafana_queries import panel_queries, substitute, variable_queries
 from support.prometheus import require_prometheus
 
-from alerts.rules.grafana import GrafanaOptions, generate_grafana, panel_queries, variable_queries
-from alerts.rules.grafana.queries import substitute
+from alerts.rules.grafana import GrafanaOptions, generate_grafana
 from alerts.rules.pipeline import generate
 from vigil.config import load_config, parse_config
 from vigil.errors import ConfigError

@@ -21,12 +21,12 @@ from typing import Any
 import httpx
 import pytest
 from support.dashboard_fleet import CONFIG, fleet_series
+from support.grafana_queries import panel_queries, substitute, variable_queries
 from support.loopback import wait_for
 from support.prometheus import PrometheusServer, PromSeries, run_prometheus
 from support.prometheus_mode.systems import slo_status
 
-from alerts.rules.grafana import generate_grafana, panel_queries, variable_queries
-from alerts.rules.grafana.queries import substitute
+from alerts.rules.grafana import generate_grafana
 from alerts.rules.model import RulesOptions, prom_duration
 from alerts.rules.pipeline import generate
 from serving.sim.testing import sample_values

@@ -22,12 +22,12 @@ from typing import Any
 import jsonschema
 import pytest
 from support import chargeback as cb
+from support.grafana_queries import panel_queries, substitute
 from support.prometheus import PromSeries, run_prometheus
 
 from alerts.exporter import Exporter, Snapshot
-from alerts.rules.grafana import generate_grafana, panel_queries
+from alerts.rules.grafana import generate_grafana
 from alerts.rules.grafana.dashboards import UID_COST, currency_unit
-from alerts.rules.grafana.queries import substitute
 from alerts.rules.pipeline import generate
 from serving.sim.testing import sample_values
 from slo.cost.budgets import BudgetTracker

@@ -37,7 +37,7 @@ from support.image import (
 )
 from support.loopback import free_port, wait_for
 
-from serving.gateway.auth import key_sha256
+from serving.gateway.front.api_keys import key_sha256
 from serving.sim.testing import running_fleet
 from slo.planning.replica.profiles import DEFAULT_MODEL
 

@@ -23,7 +23,9 @@ from serving.loadgen.report import RequestResult, Slo, percentiles, summarize
 from serving.loadgen.workload import FAQ, Workload, next_interval, plan_request
 from serving.sim.testing import running_fleet, sample_values, total
 from vigil.config import SloDefaults
+from vigil.errors import ArgumentError
 from vigil_shell import loadgen_cli as loadgen
+from vigil_shell.cli import main
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -226,12 +228,12 @@ def test_with_keys_only_the_keyed_tiers_are_sent(http_server: LoopbackServer,
     wl = loadgen.keyed_workload(Workload(), {"premium": "a", "batch": "b"}, explicit_mix=False)
     assert wl.tiers == {"premium": 0.2, "batch": 0.2}
     # A mix the user asked for is not changed behind their back: refused, with the fix.
-    capsys.readouterr()
-    assert loadgen.run(_args("--url", http_server.url, "--model", MODEL, "--key", "premium=k",
-                             "--tier-mix", "premium=0.5,standard=0.5")) == 2
-    err = capsys.readouterr().err
-    assert "--tier-mix sends standard requests but --key gives no key for it" in err
-    assert "--key standard=KEY" in err
+    with pytest.raises(ArgumentError) as refused:
+        loadgen.run(_args("--url", http_server.url, "--model", MODEL, "--key", "premium=k",
+                          "--tier-mix", "premium=0.5,standard=0.5"))
+    assert "--tier-mix sends standard requests but --key gives no key for it" in str(
+        refused.value)
+    assert "--key standard=KEY" in str(refused.value)
     # Keys for every tier of the mix, or no keys at all: the mix as asked.
     assert loadgen.keyed_workload(Workload(), {}, explicit_mix=False) == Workload()
     both = Workload(tiers={"premium": 0.5, "batch": 0.5})
@@ -240,8 +242,11 @@ def test_with_keys_only_the_keyed_tiers_are_sent(http_server: LoopbackServer,
 
 
 def test_bad_options_exit_2_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
-    assert loadgen.run(_args("--url", "ftp://x", "--model", "m")) == 2
-    assert loadgen.run(_args("--url", "http://x", "--model", "m", "--key", "gold=abc")) == 2
-    assert "unknown tier 'gold'" in capsys.readouterr().err
-    assert loadgen.run(_args("--url", "http://x", "--model", "m", "--rate", "-1")) == 2
-    assert "rate must be positive" in capsys.readouterr().err
+    for argv, said in ((["--url", "ftp://x", "--model", "m"], "--url must be http(s)://"),
+                       (["--url", "http://x", "--model", "m", "--key", "gold=abc"],
+                        "--key: unknown tier 'gold'"),
+                       (["--url", "http://x", "--model", "m", "--rate", "-1"],
+                        "rate must be positive")):
+        assert main(["loadgen", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("vigil loadgen: error: ") and said in err, err

@@ -11,7 +11,7 @@ import pytest
 from support.history import AT, MODEL, base_rate, write_history
 
 from collector.store import Store
-from serving.gateway.records import RecordWriter
+from serving.gateway.telemetry.record_writer import RecordWriter
 from slo.planning.profile_store import ProfileStore
 from vigil.capacity import CapacityProfile, ProfileIdentity, SloTarget
 from vigil.storage.gateway_records import GatewayRecord

@@ -261,7 +261,7 @@ model = "m"
     log = tmp_path / "serve.log"
     root = Path(__file__).resolve().parent.parent
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "vigil_shell.serve", "--config",
+        proc = subprocess.Popen([sys.executable, "-m", "vigil_shell", "serve", "--config",
                                  str(tmp_path / "vigil.toml"), "--listen", f"127.0.0.1:{port}"],
                                 cwd=root, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

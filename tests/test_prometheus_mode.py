@@ -79,6 +79,7 @@ from support.prometheus_mode.systems import (
     vigil_config_text,
 )
 from support.prometheus_mode.tolerance import compare_status
+from support.same_numbers import same_numbers
 
 from alerts.rules.engine_value import engine_value
 from alerts.rules.pipeline import RulesOptions, generate
@@ -115,7 +116,6 @@ EVAL_CYCLES = (2, 3, 4, 6, 8)
 POOL = "chat"
 #: The rules' evaluation interval (``vigil rules prometheus --interval``), as the scrapes.
 RULE_INTERVAL = "1s"
-REL_TOL = 1e-9
 
 
 @dataclass
@@ -348,12 +348,6 @@ def _instants(rules: Any, recorded: dict[str, dict[Any, list[tuple[int, float]]]
                    .values() for ts, _ in pts})
 
 
-def _same(got: dict[str, float], want: dict[str, float]) -> bool:
-    """The same series (by key) with the same values, to the comparison's tolerance."""
-    return set(got) == set(want) and all(
-        got[k] == pytest.approx(v, rel=REL_TOL, abs=1e-12) for k, v in want.items())
-
-
 def test_recorded_series_equal_the_engine_at_their_evaluation_instants(run: Run) -> None:
     """Every recorded series Prometheus produced from the generated rules, at the last rule
     evaluation before each evaluation instant, equals the engine's number on the same
@@ -396,7 +390,7 @@ def test_recorded_series_equal_the_engine_at_their_evaluation_instants(run: Run)
                         wants.append({k: v for k, v in values.items() if v is not None})
                     what = (f"{rule.record}{rule.labels} at {at_ms / 1000} "
                             f"(read {[r / 1000 for r in reads]}: {wants})")
-                    assert any(_same(got, want) for want in wants), (what, got)
+                    assert any(same_numbers(got, want) for want in wants), (what, got)
                     compared += len(got)
                     absent += not got
     assert compared > 150, (compared, skipped, absent)

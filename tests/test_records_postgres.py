@@ -14,7 +14,7 @@ from support.loopback import free_port, wait_for
 from support.postgres import PostgresServer
 
 from dashboard.gateway_data import open_request_log
-from serving.gateway.records import RecordWriter
+from serving.gateway.telemetry.record_writer import RecordWriter
 from slo.sources.open import request_log
 from slo.sources.request_log import POOL_SIZE, GatewayRecords
 from vigil.config import parse_config

@@ -22,6 +22,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector.store import Store
+from serve.server import Server
 from serving.sim.testing import FleetHandle, free_port_block, running_fleet
 from slo.planning.replay import decision_counts, replay_decisions, replay_times
 from slo.planning.replica.profiles import DEFAULT_MODEL
@@ -33,7 +34,6 @@ from vigil.conventions import (
     METRIC_DESIRED_REPLICAS,
     METRIC_SCALING_ACTION,
 )
-from vigil_shell.serve import Server
 
 pytestmark = pytest.mark.slow
 

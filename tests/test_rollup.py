@@ -1,4 +1,5 @@
-"""The counter rollup (``collector.store.rollup``) gives ``increase()`` what the samples give.
+"""The counter rollup (``collector.store.rollup``, kept by ``rollup_maintenance``, read by
+``rollup_reads``) gives ``increase()`` what the samples give.
 
 Every comparison here is bit for bit: ``EmbeddedSource`` with the rollup (``use_rollup``, the
 default) against the same source reading every raw sample, on counters with resets (also
@@ -22,9 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.store_rows import downgrade_to_v3, stored_rows
 
-from collector.store import SCHEMA_VERSION, Store, rollup
-from collector.store.rollup import BLOCK_MS, CounterWindow, Plan
+from collector.store import SCHEMA_VERSION, Store, rollup, rollup_reads, windows
+from collector.store.rollup import BLOCK_MS
+from collector.store.rollup_reads import Plan
 from collector.store.schema import set_meta
+from collector.store.windows import CounterWindow
 from slo.sources.embedded import EmbeddedSource
 from vigil.model import Labels, SeriesKey, labels_of
 
@@ -195,32 +198,32 @@ def big_store(path: Path, **kwargs: float) -> Store:
 
 # --- the rollup's pieces ----------------------------------------------------------------------
 def test_plan_splits_a_window_around_whole_rolled_up_blocks() -> None:
-    assert rollup.plan(T0 + 5, T0 + 3 * H + 7, T0 + 10 * H) == Plan(
+    assert rollup_reads.plan(T0 + 5, T0 + 3 * H + 7, T0 + 10 * H) == Plan(
         T0 + 5, T0 + H, T0 + 3 * H, T0 + 3 * H + 8, T0 + 3 * H + 7)
     # the end above the rollup: the raw part starts at the limit
-    assert rollup.plan(T0, T0 + 5 * H, T0 + 2 * H) == Plan(T0, T0, T0 + 2 * H, T0 + 2 * H,
+    assert rollup_reads.plan(T0, T0 + 5 * H, T0 + 2 * H) == Plan(T0, T0, T0 + 2 * H, T0 + 2 * H,
                                                            T0 + 5 * H)
     # an hour ending exactly at `end` is whole (end is inclusive)
-    assert rollup.plan(T0, T0 + H - 1, T0 + 5 * H) == Plan(T0, T0, T0 + H, T0 + H, T0 + H - 1)
+    assert rollup_reads.plan(T0, T0 + H - 1, T0 + 5 * H) == Plan(T0, T0, T0 + H, T0 + H, T0 + H - 1)
     # no whole hour inside: the part below the limit is all edge, scanned in SQL
-    assert rollup.plan(T0 + 1, T0 + 2 * H - 2, T0 + 5 * H) == Plan(
+    assert rollup_reads.plan(T0 + 1, T0 + 2 * H - 2, T0 + 5 * H) == Plan(
         T0 + 1, T0 + 2 * H - 1, T0 + 2 * H - 1, T0 + 2 * H - 1, T0 + 2 * H - 2)
-    assert rollup.plan(T0, T0 + 5 * H, T0) == Plan(T0, T0, T0, T0, T0 + 5 * H)  # all above
+    assert rollup_reads.plan(T0, T0 + 5 * H, T0) == Plan(T0, T0, T0, T0, T0 + 5 * H)  # all above
     assert rollup.block_floor(T0 + H - 1) == T0 and rollup.block_ceil(T0 + 1) == T0 + H
     assert rollup.block_floor(-1) == -H  # floor, also before 1970
 
 
 def test_summarize_and_concat_follow_extrapolated_rate() -> None:
     pts = [(1, 5.0), (2, None), (3, 3.0), (4, math.nan), (5, 1.0), (6, 1.0), (7, 0.5)]
-    w = rollup.summarize(pts)
+    w = windows.summarize(pts)
     # stale marker skipped (5 -> 3 is a drop), NaN never part of a drop
     assert w == CounterWindow(6, 1, 5.0, 7, 0.5, (5.0, 1.0))
-    assert rollup.summarize([(1, None)]) is None
-    a, b = rollup.summarize(pts[:3]), rollup.summarize(pts[3:])
+    assert windows.summarize([(1, None)]) is None
+    a, b = windows.summarize(pts[:3]), windows.summarize(pts[3:])
     assert a is not None and b is not None
-    joined = rollup.concat(a, b)
+    joined = windows.concat(a, b)
     assert joined is not None and joined.n == w.n and joined.resets == w.resets
-    assert rollup.concat(None, b) is b and rollup.concat(a, None) is a
+    assert windows.concat(None, b) is b and windows.concat(a, None) is a
 
 
 def test_rollup_rows_count_samples_per_hour_and_keep_every_drop(path: Path) -> None:
@@ -522,15 +525,15 @@ def assert_gauges_consistent(store: Store) -> None:
     limit = rollup.fast_limit(store._meta())
     assert limit is not None
     whole = limit // H
-    want: dict[tuple[int, int], rollup.GaugeWindow] = {}
+    want: dict[tuple[int, int], windows.GaugeWindow] = {}
     rows: dict[tuple[int, int], list[tuple[int, object]]] = {}
     for sid, ts, v in stored_rows(store, counter=False, below_ms=whole * H):
         rows.setdefault((sid, ts // H), []).append((ts, v))
     for k, pts in rows.items():
-        g = rollup.gauge_of_points(pts)
+        g = windows.gauge_of_points(pts)
         if g is not None:
             want[k] = g
-    got = {(sid, b): rollup.GaugeWindow(n, nint, total, vmin, vmax)
+    got = {(sid, b): windows.GaugeWindow(n, nint, total, vmin, vmax)
            for sid, b, n, nint, total, vmin, vmax in store._c.execute(
                "SELECT series_id, blk, n, nint, total, vmin, vmax FROM rollup_gauge "
                "WHERE blk < ?", (whole,))}

@@ -1,12 +1,12 @@
-"""``serving.gateway.routing.choose_replica``: the routing choice as a pure function of the
+"""``serving.gateway.upstream.routing.choose_replica``: the routing choice as a pure function of the
 replicas' state, apart from the membership and rotation ``Upstreams`` keeps."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from serving.gateway.prefix import prompt_key
-from serving.gateway.routing import MIN_MATCH_TOKENS, ReplicaRouting, choose_replica
+from serving.gateway.upstream.prompt_key import prompt_key
+from serving.gateway.upstream.routing import MIN_MATCH_TOKENS, ReplicaRouting, choose_replica
 from vigil.conventions import ENDPOINT_CHAT
 
 

@@ -130,6 +130,10 @@ def test_promtool_series_satisfy_the_selector_and_carry_nothing_of_vigils() -> N
     ('pod=~"chat-[0-9]{2}-.+"', {"pod": "chat-00-x"}),
     ('job!~"kube-.*"', {"job": "other"}),
     ('zone=~"eu-.*", zone!~"eu-west-.*"', {"zone": "eu-"}),
+    ('tier=~"gold|silver", tier!="gold"', {"tier": "silver"}),
+    ('zone=~"(?:eu|us)-[a-z]+\\\\d"', {"zone": "eu-a0"}),
+    ('pod=~"(?i)Chat-\\\\w{3}"', {"pod": "Chat-aaa"}),
+    ('host=~"node-\\\\x41[^x]?"', {"host": "node-A"}),
 ])
 def test_selector_labels_satisfy_every_matcher(text: str, want: dict[str, str]) -> None:
     selector = parse_selector(text)

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 from support.fleet import LATENCY_LE, MODEL, OTHER_MODEL, TTFT_LE
 from support.prometheus import PrometheusServer, PromSeries, prometheus_fixture
+from support.same_numbers import assert_same_numbers
 
 from alerts.rules.pipeline import Rule, generate
 from collector.store import Store
@@ -50,7 +51,6 @@ from vigil.model import Labels, SeriesKey, labels_of
 
 pytestmark = pytest.mark.slow
 
-REL_TOL = 1e-9
 SEED = 20261130
 T0_MS = 1_760_000_000_000  # fixed, so every run builds identical blocks
 SPAN_MS = 7 * 3600 * 1000
@@ -363,10 +363,8 @@ def test_recorded_values_equal_the_engine(prom: PrometheusServer, engine: Engine
             if rule.origin.kind != "quantile":  # one series (its labels: the next test)
                 assert len(theirs) <= 1, what
                 theirs = dict.fromkeys([""], *theirs.values()) if theirs else {}
-            assert set(theirs) == set(ours), what
-            for k, v in ours.items():
-                assert theirs[k] == pytest.approx(v, rel=REL_TOL, abs=1e-12), (what, k)
-                compared += 1
+            assert_same_numbers(theirs, ours, what)
+            compared += len(ours)
             absent += not ours
     # Both "there is a number" and "there is none" happen, for each kind of data.
     assert compared > 1000 and absent > 10

@@ -72,7 +72,7 @@ scrape_configs:
             for t in loaders:
                 t.start()
             serve = subprocess.Popen(
-                [sys.executable, "-m", "vigil_shell.serve", "--config", str(cfg), "--listen",
+                [sys.executable, "-m", "vigil_shell", "serve", "--config", str(cfg), "--listen",
                  f"127.0.0.1:{serve_port}"],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             procs.append(serve)

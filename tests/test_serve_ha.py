@@ -89,7 +89,7 @@ def _sim(port: int) -> Iterator[subprocess.Popen[bytes]]:
 def _serve(cfg: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "vigil_shell.serve", "--config", str(cfg), "--listen",
+            [sys.executable, "-m", "vigil_shell", "serve", "--config", str(cfg), "--listen",
              f"127.0.0.1:{port}"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
 

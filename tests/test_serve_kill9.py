@@ -54,7 +54,7 @@ def _config(path: Path, sim_base: str, hook: str) -> None:
 def _serve(cfg: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "vigil_shell.serve", "--config", str(cfg), "--listen",
+            [sys.executable, "-m", "vigil_shell", "serve", "--config", str(cfg), "--listen",
              f"127.0.0.1:{port}"],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 

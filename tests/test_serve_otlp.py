@@ -44,7 +44,7 @@ def test_serve_receives_spans_and_writes_records(tmp_path: Path) -> None:
     cfg = tmp_path / "vigil.toml"
     cfg.write_text(CONFIG.format(otlp_port=otlp_port, dead_port=dead_port))
     serve = subprocess.Popen(
-        [sys.executable, "-m", "vigil_shell.serve", "--config", str(cfg), "--listen",
+        [sys.executable, "-m", "vigil_shell", "serve", "--config", str(cfg), "--listen",
          f"127.0.0.1:{serve_port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         cwd=tmp_path)
     try:

@@ -37,6 +37,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support.loopback import free_port, serve_http, wait_for
 from support.prometheus import PrometheusServer, PromSeries, require_prometheus, run_prometheus
+from support.same_numbers import EXACT, assert_same_numbers
 
 from alerts.exporter import Exporter, Snapshot
 from vigil_shell import alerts_cli
@@ -169,10 +170,6 @@ def _status_series(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
     return {k: v for k, v in _series(text).items() if k[0].startswith(STATUS_SERIES)}
 
 
-def _same(a: float, b: float) -> bool:
-    return a == b or (math.isnan(a) and math.isnan(b))
-
-
 def _restart(prometheus: str, workdir: Path, port: int) -> PrometheusServer:
     """Prometheus again on its old port and data directory (as ``run_prometheus`` ran it)."""
     log_path = workdir / "prometheus-again.log"
@@ -190,7 +187,7 @@ def _restart(prometheus: str, workdir: Path, port: int) -> PrometheusServer:
 @contextlib.contextmanager
 def _serve(cfg: Path, port: int, url: str) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vigil_shell.serve", "--config", str(cfg), "--listen",
+        [sys.executable, "-m", "vigil_shell", "serve", "--config", str(cfg), "--listen",
          f"127.0.0.1:{port}", "--prometheus-url", url],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cfg.parent)
     try:
@@ -258,9 +255,7 @@ def test_serve_evaluates_from_prometheus_and_survives_its_outage(tmp_path: Path)
             reference.update(Snapshot(status=json.loads(status.stdout)))
             want = _status_series(generate_latest(reference.registry).decode())
             got = _status_series(text)
-            assert got.keys() == want.keys()
-            assert all(_same(got[k], want[k]) for k in want), \
-                {k: (got[k], want[k]) for k in want if not _same(got[k], want[k])}
+            assert_same_numbers(got, want, tolerance=EXACT)
             burn = got[("vigil_slo_burn_rate_ratio",
                         (("model_name", MODEL), ("pool", "chat"), ("slo", "chat-ttft"),
                          ("window", "1m")))]

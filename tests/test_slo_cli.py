@@ -133,7 +133,7 @@ def test_table_of_an_extreme_status_still_fits(tmp_path: Path) -> None:
 
 
 def test_gateway_records_feed_the_status_when_the_gateway_ran(tmp_path: Path) -> None:
-    from serving.gateway.records import RecordWriter
+    from serving.gateway.telemetry.record_writer import RecordWriter
     from vigil.storage.gateway_records import GatewayRecord
 
     path = tmp_path / "vigil.toml"

@@ -39,6 +39,7 @@ from support.fleet import (
 )
 from support.loopback import Answer, Request, free_port, serve_http
 from support.prometheus import PrometheusServer, PromSeries, prometheus_fixture
+from support.same_numbers import assert_same_numbers
 
 from collector.store import Store, rollup
 from slo.promql.lookup import eval_time_ms
@@ -60,7 +61,6 @@ from vigil_shell.slo_status_cli import add_arguments, run
 
 pytestmark = pytest.mark.slow
 
-REL_TOL = 1e-9
 SEED = 20261203
 H = 3_600_000
 T0_MS = 1_762_000_000_000 // H * H + 7 * 60_000  # fixed: every run builds identical blocks
@@ -227,15 +227,6 @@ def remote(prom: PrometheusServer) -> Iterator[PrometheusSource]:
         yield source
 
 
-def _same(ours: dict[Labels, float], theirs: dict[Labels, float], what: object) -> None:
-    assert set(ours) == set(theirs), what  # the same series
-    for k, v in theirs.items():
-        if math.isnan(v):
-            assert math.isnan(ours[k]), (what, k)
-        else:
-            assert ours[k] == pytest.approx(v, rel=REL_TOL, abs=1e-12), (what, k)
-
-
 def _by_le(buckets: list[tuple[float, float]]) -> dict[Labels, float]:
     return {(("le", repr(le)),): count for le, count in sorted(buckets)}
 
@@ -255,10 +246,10 @@ def test_increase_agrees(embedded: EmbeddedSource, remote: PrometheusSource) -> 
                 ours, theirs = _both(embedded, remote,
                                      lambda s, mt=matchers, b=by, w=w, at=at:
                                      s.increase(m, mt, at, w, b))
-                _same(ours, theirs, (at, w, matchers, by))
+                assert_same_numbers(ours, theirs, (at, w, matchers, by))
             ours, theirs = _both(embedded, remote, lambda s, w=w, at=at: s.increase(
                 "vllm:generation_tokens_total", {}, at, w, ("instance",)))
-            _same(ours, theirs, ("tokens", at, w))
+            assert_same_numbers(ours, theirs, ("tokens", at, w))
 
 
 def test_bucket_increase_agrees(embedded: EmbeddedSource, remote: PrometheusSource) -> None:
@@ -271,7 +262,7 @@ def test_bucket_increase_agrees(embedded: EmbeddedSource, remote: PrometheusSour
                                      w=w, at=at: s.bucket_increase(b, mt, at, w, by))
                 assert set(ours) == set(theirs), (at, w, base)
                 for k in theirs:
-                    _same(_by_le(ours[k]), _by_le(theirs[k]), (at, w, base, k))
+                    assert_same_numbers(_by_le(ours[k]), _by_le(theirs[k]), (at, w, base, k))
 
 
 def test_instant_agrees(embedded: EmbeddedSource, remote: PrometheusSource) -> None:
@@ -280,7 +271,7 @@ def test_instant_agrees(embedded: EmbeddedSource, remote: PrometheusSource) -> N
             for matchers in (CHAT, {}, ODD):
                 ours, theirs = _both(embedded, remote,
                                      lambda s, m=metric, mt=matchers, at=at: s.instant(m, mt, at))
-                _same(ours, theirs, (at, metric, matchers))
+                assert_same_numbers(ours, theirs, (at, metric, matchers))
 
 
 def test_avg_over_time_agrees(embedded: EmbeddedSource, remote: PrometheusSource) -> None:
@@ -289,7 +280,7 @@ def test_avg_over_time_agrees(embedded: EmbeddedSource, remote: PrometheusSource
             for metric in ("up", "vllm:kv_cache_usage_perc"):
                 ours, theirs = _both(embedded, remote, lambda s, m=metric, w=w, at=at:
                                      s.avg_over_time(m, {"kind": "vllm"}, at, w))
-                _same(ours, theirs, (at, w, metric))
+                assert_same_numbers(ours, theirs, (at, w, metric))
 
 
 def test_samples_agree(embedded: EmbeddedSource, remote: PrometheusSource) -> None:
@@ -301,8 +292,9 @@ def test_samples_agree(embedded: EmbeddedSource, remote: PrometheusSource) -> No
             assert set(ours) == set(theirs), (at, metric)
             for k in theirs:
                 assert [p.ts_ms for p in ours[k]] == [p.ts_ms for p in theirs[k]], (at, k)
-                _same({(("i", str(i)),): p.value for i, p in enumerate(ours[k])},
-                      {(("i", str(i)),): p.value for i, p in enumerate(theirs[k])}, (at, k))
+                assert_same_numbers(
+                    {(("i", str(i)),): p.value for i, p in enumerate(ours[k])},
+                    {(("i", str(i)),): p.value for i, p in enumerate(theirs[k])}, (at, k))
 
 
 # --- the whole status ----------------------------------------------------------------------------

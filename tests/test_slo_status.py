@@ -14,7 +14,8 @@ from support.fleet import AT, MODEL, busy_pool
 from collector.store import Store
 from slo.objectives.sli import REASON_NO_REQUEST_DATA
 from slo.sources.embedded import EmbeddedSource
-from slo.status import evaluate, json_safe, source_kind
+from slo.sources.protocol import source_kind
+from slo.status import evaluate, json_safe
 from vigil.config import parse_config
 
 CONFIG = parse_config({"pools": [
@@ -174,7 +175,11 @@ def test_source_kind() -> None:
     class PrometheusLike:
         kind = "prometheus"
 
-    assert source_kind(PrometheusLike()) == "prometheus"  # type: ignore[arg-type]
+    class Double:
+        pass
+
+    assert source_kind(PrometheusLike()) == "prometheus"
+    assert source_kind(Double()) == "Double"
 
 
 def test_window_must_be_positive(store: Store) -> None:

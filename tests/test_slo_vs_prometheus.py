@@ -11,7 +11,6 @@ be bit-identical) and the same series must be present on both sides.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 from support.fleet import MODEL, TTFT_LE, target_labels, vllm_labels
 from support.prometheus import PrometheusServer, PromSeries, prometheus_fixture
+from support.same_numbers import assert_same_numbers
 
 from collector.store import Store
 from slo.objectives.sli import error_ratio
@@ -128,15 +128,6 @@ def _strip_name(vector: dict[Labels, float]) -> dict[Labels, float]:
     return {tuple(kv for kv in k if kv[0] != "__name__"): v for k, v in vector.items()}
 
 
-def _same(ours: dict[Labels, float], theirs: dict[Labels, float], what: str) -> None:
-    assert set(ours) == set(theirs), what
-    for k, v in theirs.items():
-        if math.isnan(v):
-            assert math.isnan(ours[k]), what
-        else:
-            assert ours[k] == pytest.approx(v, rel=REL_TOL, abs=1e-12), (what, k)
-
-
 def _match(extra: str = "") -> str:
     return '{pool="chat",kind="vllm"' + extra + "}"
 
@@ -145,11 +136,13 @@ def test_increases_match_prometheus(prom: PrometheusServer, source: EmbeddedSour
     metric = "vllm:request_success_total"
     for at in DATA.times_s:
         for w, text in ((300, "5m"), (3600, "1h"), (1800, "30m")):
-            _same(source.increase(metric, POOL, at, w),
-                  prom.query(f"sum(increase({metric}{_match()}[{text}]))", at), f"sum {at}")
-            _same(source.increase(metric, POOL, at, w, by=("instance", "finished_reason")),
-                  prom.query(f"sum by (instance, finished_reason) "
-                             f"(increase({metric}{_match()}[{text}]))", at), f"by {at}")
+            assert_same_numbers(
+                source.increase(metric, POOL, at, w),
+                prom.query(f"sum(increase({metric}{_match()}[{text}]))", at), f"sum {at}")
+            assert_same_numbers(
+                source.increase(metric, POOL, at, w, by=("instance", "finished_reason")),
+                prom.query(f"sum by (instance, finished_reason) "
+                           f"(increase({metric}{_match()}[{text}]))", at), f"by {at}")
 
 
 def test_error_rate_sli_matches_the_promql_ratio(
@@ -178,7 +171,7 @@ def test_quantiles_from_bucket_increases_match_prometheus(
             ours = {k: histogram_quantile(q, b, "2") for k, b in groups.items()}
             theirs = prom.query(f"histogram_quantile({q}, sum by (model_name, le) "
                                 f"(increase({metric}_bucket{_match()}[5m])))", at)
-            _same(ours, theirs, f"q{q} at {at}")
+            assert_same_numbers(ours, theirs, f"q{q} at {at}")
 
 
 def test_avg_over_time_of_up_and_its_average_match_prometheus(
@@ -187,7 +180,8 @@ def test_avg_over_time_of_up_and_its_average_match_prometheus(
     for at in DATA.times_s:
         for w, text in ((300, "5m"), (3600, "1h"), (7 * 86400, "7d")):
             ours = source.avg_over_time("up", POOL, at, w)
-            _same(ours, prom.query(f"avg_over_time(up{_match()}[{text}])", at), f"{at} {w}")
+            assert_same_numbers(ours, prom.query(f"avg_over_time(up{_match()}[{text}])", at),
+                                f"{at} {w}")
             theirs = prom.query(f"avg(avg_over_time(up{_match()}[{text}]))", at)
             mean = avg_aggregate(ours, "2")
             assert (mean is None) == (not theirs)
@@ -198,8 +192,9 @@ def test_avg_over_time_of_up_and_its_average_match_prometheus(
 def test_instant_lookups_match_prometheus(prom: PrometheusServer, source: EmbeddedSource) -> None:
     for at in DATA.times_s:
         for metric in ("vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "up"):
-            _same(source.instant(metric, POOL, at),
-                  _strip_name(prom.query(f"{metric}{_match()}", at)), f"{metric} {at}")
+            assert_same_numbers(source.instant(metric, POOL, at),
+                                _strip_name(prom.query(f"{metric}{_match()}", at)),
+                                f"{metric} {at}")
 
 
 def test_raw_samples_match_prometheus(prom: PrometheusServer, source: EmbeddedSource) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from vigil.errors import StoreError, StoreUnavailable
-from vigil.storage.batches import BatchOutcome, retry_later, write_batch
 from vigil.storage.database import SqlDatabase, open_database
+from vigil.storage.split_writes import BatchOutcome, retry_later, write_batch
 
 SCHEMA = ("CREATE TABLE IF NOT EXISTS t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL "
           "CHECK (v >= 0))",)

@@ -15,7 +15,8 @@ from collector.store.chunks import FORMAT_VERSION, chunk_samples, decode_chunk, 
 from vigil.errors import StoreError
 
 
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same dtype and the same bits (a NaN's payload too): what a lossless codec keeps."""
     return a.dtype == b.dtype and np.array_equal(a.view(np.uint64), b.view(np.uint64))
 
 
@@ -26,7 +27,7 @@ def _roundtrip(ts: np.ndarray, vals: np.ndarray, stale: np.ndarray | None = None
     assert np.array_equal(got_ts, ts) and got_ts.dtype == np.int64
     assert np.array_equal(got_stale, want_stale)
     keep = ~want_stale
-    assert _same(got_vals[keep], vals[keep])
+    assert _same_bits(got_vals[keep], vals[keep])
     assert np.isnan(got_vals[want_stale]).all()
     assert chunk_samples(blob) == ts.size
     return blob

@@ -22,6 +22,7 @@ from collector.vllm_families import (
     COMPLETE,
     REQUIRED_FAMILIES,
     check_families,
+    declared_names,
     health_warnings,
     parse_version,
 )
@@ -131,6 +132,20 @@ def test_one_cut_family_is_the_only_one_reported():
     assert check.warnings() == [
         "vllm:time_to_first_token_seconds missing (needed for the TTFT SLO, TTFT quantiles and "
         "scaling on TTFT p95)"]
+
+
+def test_a_family_declared_before_its_first_sample_is_not_missing():
+    """vLLM (and the simulator) declare ``http_requests_total`` before the first request gives
+    it a child: the target exposes it, with no sample yet."""
+    lines = REAL.splitlines()
+    kept = [ln for ln in lines if not ln.startswith("http_requests_total{")]
+    assert len(kept) < len(lines)
+    body = "\n".join(kept) + "\n"
+    names = names_of(body)
+    assert "http_requests_total" not in names
+    assert check_families(names) != COMPLETE
+    declared = declared_names(parse(body.encode(), content_type="text/plain", source="fixture"))
+    assert check_families(names | declared) == COMPLETE
 
 
 @pytest.mark.parametrize(("body", "expected"), [

@@ -25,12 +25,37 @@ from typing import Any, Literal
 
 __all__ = [
     "BASES",
+    "CEIL_DECIMALS",
     "Basis",
     "CapacityProfile",
     "Probe",
     "ProfileIdentity",
     "SloTarget",
+    "ceil_replicas",
+    "replicas_needed",
 ]
+
+#: A replica count is ``ceil()`` of a ratio rounded to this many decimals first: 1.9999999999999998
+#: (0.8 × 0.8 is 0.6400000000000001) must not add a replica for float noise.
+CEIL_DECIMALS = 9
+
+
+def ceil_replicas(ratio: float) -> int:
+    """``ceil(ratio)`` as a replica count, float noise rounded away first (``CEIL_DECIMALS``)."""
+    return math.ceil(round(ratio, CEIL_DECIMALS))
+
+
+def replicas_needed(rps: float, capacity_rps: float) -> int:
+    """``ceil(λ / μ)``: the fewest replicas that serve ``rps`` requests per second, each at
+    most at ``capacity_rps`` (requests per second one replica serves within the SLOs); 0
+    without load. ``ValueError`` for a capacity that is not above 0 or a negative rate."""
+    if not (math.isfinite(capacity_rps) and capacity_rps > 0):
+        raise ValueError("the capacity must be > 0 requests per second per replica, not "
+                         f"{capacity_rps!r}")
+    if not (math.isfinite(rps) and rps >= 0):
+        raise ValueError(f"the rate must be a finite rate >= 0, not {rps!r}")
+    return max(0, ceil_replicas(rps / capacity_rps))
+
 
 Basis = Literal["measured", "observed", "estimated"]
 #: How a capacity is known, from the most to the least trustworthy.

@@ -5,6 +5,8 @@ Nothing else in the code base spells these strings; import them from here.
 
 from __future__ import annotations
 
+from typing import Final, Literal
+
 # --- labels the collector adds to every stored series --------------------------------------
 LABEL_INSTANCE = "instance"  # the target's name from config
 LABEL_POOL = "pool"
@@ -438,7 +440,7 @@ GATEWAY_LATENCY_BUCKETS = (
 #: The vLLM gauges the gateway polls on every replica (``/metrics?name[]=...``).
 GATEWAY_POLLED_SERIES = (VLLM_KV_CACHE_USAGE, VLLM_REQUESTS_WAITING, VLLM_REQUESTS_RUNNING)
 
-# --- OpenTelemetry GenAI (serving/gateway/otel.py: `[gateway.otel]`) --------------------------
+# --- OpenTelemetry GenAI (serving/gateway/telemetry/otel.py: `[gateway.otel]`) ---------------
 # The GenAI semantic conventions (open-telemetry/semantic-conventions-genai,
 # docs/gen-ai/gen-ai-metrics.md and gen-ai-spans.md; status Development).
 #: Model-server metrics (histograms, seconds) and the token usage (histogram, {token}).
@@ -486,7 +488,7 @@ OTEL_TRACES_PATH = "/v1/traces"
 OTEL_METRICS_PATH = "/v1/metrics"
 
 
-# --- Gateway batch queue (serving/gateway/batch*.py: the OpenAI batches API) ----------------
+# --- Gateway batch queue (serving/gateway/batch/: the OpenAI batches API) ---------------------
 #: SQLite tables in the gateway's records database (``[gateway] records_path``).
 BATCH_TABLE_FILES = "batch_files"
 BATCH_TABLE_BATCHES = "batch_batches"
@@ -614,3 +616,16 @@ VLLM_V0_GPU_PREFIX_CACHE_HIT_RATE = "vllm:gpu_prefix_cache_hit_rate"
 VLLM_V0_NUM_REQUESTS_SWAPPED = "vllm:num_requests_swapped"
 VLLM_V0_CPU_CACHE_USAGE = "vllm:cpu_cache_usage_perc"
 VLLM_V0_TIME_IN_QUEUE = "vllm:time_in_queue_requests"
+
+# --- Gateway tiers (serving/gateway/tiers.py; serving/loadgen/ sends as them) ----------------
+# ``Final``: mypy reads each name as its literal type, so that it fits ``Tier`` where one is due.
+
+#: The gateway's tiers (``[[gateway.api_keys]] tier``), best served first.
+TIER_PREMIUM: Final = "premium"
+TIER_STANDARD: Final = "standard"
+TIER_BATCH: Final = "batch"
+TIERS = (TIER_PREMIUM, TIER_STANDARD, TIER_BATCH)
+#: A tier's name as a type: Python needs the values spelled out (the same as TIERS').
+Tier = Literal["premium", "standard", "batch"]
+#: vLLM's request ``priority`` per tier: lower is served first (``--scheduling-policy priority``).
+TIER_PRIORITY: dict[str, int] = {TIER_PREMIUM: 0, TIER_STANDARD: 1, TIER_BATCH: 2}

@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["format_duration", "parse_duration", "prom_duration"]
+__all__ = ["SECONDS_PER_HOUR", "format_duration", "parse_duration", "prom_duration"]
+
+#: What a GPU-hour price is per second of replica time divided by (and every other hour).
+SECONDS_PER_HOUR = 3600.0
 
 _UNITS = {
     "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0,

@@ -7,6 +7,7 @@ specific leaf; the CLI turns any ``VigilError`` into a one-line message and an e
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentError",
     "BatchInputError",
     "ConfigError",
     "EmbeddingError",
@@ -15,6 +16,7 @@ __all__ = [
     "IngestError",
     "LaunchError",
     "LeaseLost",
+    "NotFound",
     "ParseError",
     "ScrapeError",
     "SourceError",
@@ -47,11 +49,26 @@ class ConfigError(VigilError):
         super().__init__(f"{where}: {message}" if where else message)
 
 
-class UsageError(VigilError):
+class ArgumentError(VigilError, ValueError):
+    """A value that cannot be used, named where it was given (an option, a selector, a
+    function's argument). A ``ValueError`` too, so that code validating values (pydantic
+    among it) treats it as one; the CLI prints it like every ``VigilError``, exit code 2,
+    so no command converts a ``ValueError`` by hand."""
+
+    exit_code = 2
+
+
+class UsageError(ArgumentError):
     """Command-line options that parse one by one but not together (``--from`` after
     ``--to``); the message names them."""
 
-    exit_code = 2
+
+class NotFound(VigilError, KeyError):
+    """An id that names nothing (a notification in the outbox); a ``KeyError`` too."""
+
+    def __str__(self) -> str:
+        # KeyError's own str() quotes its argument as a repr.
+        return str(self.args[0]) if self.args else "not found"
 
 
 class ParseError(VigilError):

@@ -9,7 +9,9 @@ from __future__ import annotations
 import socket
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-__all__ = ["threading_http_server"]
+from vigil.errors import ConfigError
+
+__all__ = ["parse_listen", "threading_http_server"]
 
 
 def threading_http_server(host: str, port: int,
@@ -24,3 +26,16 @@ def threading_http_server(host: str, port: int,
         daemon_threads = True
 
     return Server((host, port), handler)
+
+
+def parse_listen(value: str, *, allow_port_zero: bool = False) -> tuple[str, int]:
+    """``"host:port"`` (IPv6 in brackets) -> ``(host, port)``; ``ConfigError`` if malformed.
+
+    Port 0 (the kernel picks one) only with ``allow_port_zero``.
+    """
+    host, sep, port_text = value.rpartition(":")
+    host = host.strip("[]")
+    low = 0 if allow_port_zero else 1
+    if not sep or not host or not port_text.isdigit() or not low <= int(port_text) < 65536:
+        raise ConfigError(f"--listen must be HOST:PORT with a port {low}-65535, got {value!r}")
+    return host, int(port_text)

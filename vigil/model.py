@@ -17,7 +17,6 @@ __all__ = [
     "RequestRecord",
     "SeriesKey",
     "TargetHealth",
-    "is_stale",
     "labels_of",
 ]
 
@@ -58,11 +57,6 @@ class Point(NamedTuple):
 
     ts_ms: int
     value: float | None
-
-
-def is_stale(value: float | None) -> bool:
-    """True for a staleness marker (``None``); a real NaN sample is not stale."""
-    return value is None
 
 
 class TargetHealth(NamedTuple):

@@ -21,6 +21,7 @@ from functools import lru_cache
 from typing import Literal, NamedTuple
 
 from vigil.conventions import KIND_DCGM, KIND_VLLM, LABEL_INSTANCE, LABEL_KIND, LABEL_POOL
+from vigil.errors import ArgumentError
 
 __all__ = [
     "OPERATORS",
@@ -43,7 +44,7 @@ _LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _NAME = "__name__"
 
 
-class SelectorError(ValueError):
+class SelectorError(ArgumentError):
     """A selector that PromQL would not parse, with the column (1-based) where it went wrong."""
 
     def __init__(self, message: str, column: int | None = None) -> None:

@@ -13,8 +13,8 @@ import sys
 import time
 from typing import Any
 
-from vigil.cli_options import add_config_option, add_json_option
 from vigil.clock import Clock, system_clock
+from vigil_shell.options import add_config_option, add_json_option
 
 __all__ = ["add_arguments", "format_table", "run"]
 

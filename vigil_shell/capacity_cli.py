@@ -29,10 +29,10 @@ from slo.objectives.spec import effective_slos
 from slo.planning.capacity_search import SearchResult, profile_from_search, search
 from slo.planning.profile_store import ProfileStore
 from vigil.capacity import CapacityProfile, Probe, ProfileIdentity, SloTarget
-from vigil.cli_options import add_config_option, add_json_option
 from vigil.config import Config, PoolConfig, SloDefaults, check_http_url, load_config
 from vigil.conventions import ENDPOINT_ALL, ENDPOINT_CHAT
-from vigil.errors import ConfigError
+from vigil.errors import ConfigError, UsageError
+from vigil_shell.options import add_config_option, add_json_option
 
 __all__ = ["add_arguments", "format_probe_row", "format_profiles", "probe_header", "run",
            "slo_targets"]
@@ -41,10 +41,6 @@ __all__ = ["add_arguments", "format_probe_row", "format_profiles", "probe_header
 #: random dataset default.
 DEFAULT_PROMPT_TOKENS = 1024
 _QUANTIZATIONS = ("none", "fp8", "int8", "int4")
-
-
-class _UsageError(Exception):
-    """Options that do not fit together (exit code 2)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -186,9 +182,9 @@ async def _preflight(client: httpx.AsyncClient, base: str, model: str,
     try:
         resp = await client.get(f"{base}/v1/models", headers=headers)
     except httpx.HTTPError as exc:
-        raise _UsageError(f"cannot reach {base}: {type(exc).__name__}: {exc}") from None
+        raise UsageError(f"cannot reach {base}: {type(exc).__name__}: {exc}") from None
     if resp.status_code in (401, 403):
-        raise _UsageError(f"{base} refused the request (HTTP {resp.status_code}): give the "
+        raise UsageError(f"{base} refused the request (HTTP {resp.status_code}): give the "
                           "API key with --key")
     if resp.status_code != 200:
         return  # not every OpenAI-compatible server lists its models; the probes will tell
@@ -197,7 +193,7 @@ async def _preflight(client: httpx.AsyncClient, base: str, model: str,
     except (ValueError, AttributeError):
         return
     if served and model not in served:
-        raise _UsageError(f"{base} does not serve model {model!r} (it serves: "
+        raise UsageError(f"{base} does not serve model {model!r} (it serves: "
                           f"{', '.join(map(str, served))})")
 
 
@@ -244,14 +240,11 @@ def _explain_failure(result: SearchResult, slos: Sequence[SloTarget]) -> str:
 
 def run(args: argparse.Namespace, *, out: TextIO | None = None,
         err: TextIO | None = None) -> int:
-    """``vigil capacity``; returns the exit code (0, 1 no level passes, 2 usage/config)."""
+    """``vigil capacity``; returns the exit code (0, 1 no level passes). Options that do
+    not fit together raise ``UsageError`` (exit code 2 from ``vigil_shell.cli.main``)."""
     stdout = out if out is not None else sys.stdout
     stderr = err if err is not None else sys.stderr
-    try:
-        return _run(args, stdout, stderr)
-    except _UsageError as exc:
-        stderr.write(f"vigil capacity: error: {exc}\n")
-        return 2
+    return _run(args, stdout, stderr)
 
 
 def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
@@ -269,28 +262,28 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     pool: PoolConfig | None = None
     if args.pool:
         if not args.config:
-            raise _UsageError("--pool needs --config (the file that defines the pool)")
+            raise UsageError("--pool needs --config (the file that defines the pool)")
         try:
             pool = config.pool(args.pool)
         except KeyError:
             names = ", ".join(p.name for p in config.pools) or "none"
-            raise _UsageError(f"--pool {args.pool!r} is not a pool of {args.config} "
+            raise UsageError(f"--pool {args.pool!r} is not a pool of {args.config} "
                               f"(pools: {names})") from None
     model = args.model or (pool.model if pool is not None else None)
     if not args.url or not model:
-        raise _UsageError("--url and --model are required (or --list)")
+        raise UsageError("--url and --model are required (or --list)")
     try:
         base = check_http_url(args.url.rstrip("/"))
     except ValueError as exc:
-        raise _UsageError(f"--url {exc}") from None
+        raise UsageError(f"--url {exc}") from None
     base = base.removesuffix("/v1")
     prompt_tokens = args.prompt_tokens or DEFAULT_PROMPT_TOKENS
     output_tokens = args.output_tokens or config.slo_defaults.e2e_reference_output_tokens
     if prompt_tokens < 1 or output_tokens < 1:
-        raise _UsageError("--prompt-tokens and --output-tokens must be at least 1")
+        raise UsageError("--prompt-tokens and --output-tokens must be at least 1")
     identity = _identity(args, pool, model, prompt_tokens, output_tokens)
     if args.save and identity.gpu == "unknown":
-        raise _UsageError("--save needs the GPU the replica runs on: --gpu NAME or --pool")
+        raise UsageError("--save needs the GPU the replica runs on: --gpu NAME or --pool")
     slos = slo_targets(config, pool, model)
     cap = config.capacity
     table = stderr if args.json else stdout

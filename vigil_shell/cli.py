@@ -4,9 +4,9 @@ Each subcommand imports its module lazily so ``vigil --help`` stays fast and wor
 of the extras installed, and every ``VigilError`` becomes one line on stderr and its exit code
 (2 for bad config or input). A command whose extra is missing says which one (exit code 2):
 ``vigil dashboard: needs the 'dashboard' extra (pip install 'vigil[dashboard]'): No module
-named 'streamlit'`` (the modules of each extra: ``vigil.extras.EXTRAS``).
+named 'streamlit'`` (the modules of each extra: ``vigil_shell.extras.EXTRAS``).
 
-The options every command shares are declared once, in ``vigil.cli_options``.
+The options every command shares are declared once, in ``vigil_shell.options``.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from vigil import __version__
-from vigil.cli_options import (
+from vigil.errors import ExtraMissingError, VigilError
+from vigil_shell.extras import missing_extra
+from vigil_shell.options import (
     add_log_level_option,
 )
-from vigil.errors import ExtraMissingError, VigilError
-from vigil.extras import missing_extra
 
 __all__ = ["build_parser", "main"]
 

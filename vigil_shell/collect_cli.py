@@ -6,8 +6,8 @@ import argparse
 import asyncio
 import signal
 
-from vigil.cli_options import add_config_option
 from vigil.errors import ConfigError
+from vigil_shell.options import add_config_option
 
 __all__ = ["add_arguments", "run"]
 

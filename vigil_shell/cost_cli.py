@@ -13,12 +13,12 @@ from typing import Any, TextIO
 from slo.cost.ledger import GROUPINGS
 from slo.cost.report import cost_report
 from slo.sources.open import open_source, request_log
-from vigil.cli_options import add_at_option, add_config_option, add_prometheus_url_option
 from vigil.clock import Clock, system_clock
 from vigil.config import load_config
 from vigil.config.cost import parse_since
 from vigil.errors import UsageError
 from vigil.storage.cost_statements import Statements
+from vigil_shell.options import add_at_option, add_config_option, add_prometheus_url_option
 
 __all__ = ["add_arguments", "format_csv", "format_table", "run"]
 
@@ -80,12 +80,9 @@ def run(args: argparse.Namespace, *, clock: Clock = system_clock,
     start = _time(args.start, tz, "--from") if args.start else None
     end = _time(args.end, tz, "--to") if args.end else at
     with open_source(config, args.config, prometheus_url=args.prometheus_url or "") as source:
-        try:
-            report = cost_report(source, config, request_log(config), by=by, start_s=start,
-                                 end_s=end, month=args.month, at_s=at, pools=args.pool,
-                                 statements=Statements(config.cost_statements_path()))
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+        report = cost_report(source, config, request_log(config), by=by, start_s=start,
+                             end_s=end, month=args.month, at_s=at, pools=args.pool,
+                             statements=Statements(config.cost_statements_path()))
     if args.format == "json":
         stream.write(json.dumps(report, indent=2, allow_nan=False) + "\n")
     elif args.format == "csv":

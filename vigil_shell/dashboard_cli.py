@@ -7,7 +7,7 @@ hands the config file to the app in ``VIGIL_CONFIG`` (``--at`` pins "now" in
 ``[dashboard] password_env``'s variable, or st.login configured) is refused with exit code 2 and
 a message that says how to configure it (``dashboard.auth.access_problem``).
 
-Streamlit runs as a child that never outlives the command (``vigil.children``): SIGTERM,
+Streamlit runs as a child that never outlives the command (``vigil_shell.children``): SIGTERM,
 SIGINT or SIGHUP stop it (SIGTERM, ``STOP_GRACE`` seconds, then SIGKILL) before the command
 exits, and should the command be killed outright the kernel stops it (``PR_SET_PDEATHSIG``).
 """
@@ -23,18 +23,18 @@ from pathlib import Path
 
 import dashboard
 from dashboard.auth import access_problem, secrets_files
-from vigil.children import spawn, stop, stop_signals
-from vigil.cli_options import (
+from vigil.config import Config, load_config
+from vigil.conventions import DASHBOARD_ENV_AT, DASHBOARD_ENV_CONFIG
+from vigil.errors import ConfigError
+from vigil_shell.children import spawn, stop, stop_signals
+from vigil_shell.extras import require_modules
+from vigil_shell.options import (
     add_at_option,
     add_config_option,
     add_deprecated_alias,
     add_listen_option,
     parse_listen,
 )
-from vigil.config import Config, load_config
-from vigil.conventions import DASHBOARD_ENV_AT, DASHBOARD_ENV_CONFIG
-from vigil.errors import ConfigError
-from vigil.extras import require_modules
 
 __all__ = ["APP_PATH", "STOP_GRACE", "add_arguments", "listen_address", "run",
            "streamlit_command"]

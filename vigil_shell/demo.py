@@ -8,7 +8,7 @@ few long-output requests (token anomalies) and FAQ questions in other words (cac
 ``vigil serve`` (collector, SLO engine, alerts, ``/metrics``), a local webhook receiver that
 prints every notification it gets, and the dashboard.
 
-Everything runs as child processes of this one (``vigil.children``: they never outlive it),
+Everything runs as child processes of this one (``vigil_shell.children``: they never outlive it),
 on loopback ports; Ctrl-C (or ``--duration``) stops all of it cleanly: load first, then the
 gateway and serve (so their last writes finish), then the fleet.
 """
@@ -32,11 +32,11 @@ from typing import Any
 
 import httpx
 
-from vigil.children import StopRequest, port_free, stop, stop_signals
-from vigil.children import spawn as spawn_child
-from vigil.cli_options import duration_arg
 from vigil.conventions import SIM_DCGM_PATH
-from vigil.extras import require_modules
+from vigil_shell.children import StopRequest, port_free, stop, stop_signals
+from vigil_shell.children import spawn as spawn_child
+from vigil_shell.extras import require_modules
+from vigil_shell.options import duration_arg
 
 __all__ = ["DemoPlan", "DemoPool", "add_arguments", "demo_config", "run"]
 

@@ -20,9 +20,9 @@ import importlib
 import logging
 import signal
 
-from vigil.cli_options import add_config_option, add_listen_option, parse_listen
 from vigil.config import Config, load_config
 from vigil.errors import ConfigError
+from vigil_shell.options import add_config_option, add_listen_option, parse_listen
 
 __all__ = ["SHUTDOWN_GRACE", "add_arguments", "freeze_heap", "parse_listen", "replicas_line",
            "run", "server_choices"]
@@ -80,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM; exit code 0 (2 for a bad config)."""
     import uvicorn
 
-    from serving.gateway.app import create_app
-    from serving.gateway.server_http import protocol
+    from serving.gateway.front.app import create_app
+    from serving.gateway.front.uvicorn_protocol import protocol
 
     cfg = load_config(args.config)
     if not cfg.discovery and not any(t.kind == "vllm" for t in cfg.targets):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from vigil.cli_options import add_at_option, add_config_option
 from vigil.clock import Clock, system_clock
 from vigil.errors import ConfigError
+from vigil_shell.options import add_at_option, add_config_option
 
 __all__ = ["add_arguments", "run"]
 

@@ -10,14 +10,14 @@ import argparse
 import asyncio
 import json
 import signal
-import sys
 from typing import Any
 
 from serving.loadgen.client import Progress, generate
 from serving.loadgen.report import RequestResult, Slo, format_report, summarize
 from serving.loadgen.workload import SCENARIOS, TIERS, Workload, keyed_workload
-from vigil.cli_options import add_config_option, add_json_option, duration_arg
 from vigil.config import SloDefaults
+from vigil.errors import UsageError
+from vigil_shell.options import add_config_option, add_json_option, duration_arg
 
 __all__ = ["add_arguments", "keyed_workload", "run", "workload_from_args"]
 
@@ -88,16 +88,17 @@ def _tier_mix(text: str) -> dict[str, float]:
     for part in text.split(","):
         name, sep, value = part.partition("=")
         if not sep:
-            raise ValueError(f"--tier-mix: expected TIER=SHARE, got {part!r}")
+            raise UsageError(f"--tier-mix: expected TIER=SHARE, got {part!r}")
         try:
             out[name.strip()] = float(value)
         except ValueError:
-            raise ValueError(f"--tier-mix: {value!r} is not a number") from None
+            raise UsageError(f"--tier-mix: {value!r} is not a number") from None
     return out
 
 
 def workload_from_args(args: argparse.Namespace) -> Workload:
-    """Defaults, then the scenario's preset, then explicit options; ``ValueError`` when bad."""
+    """Defaults, then the scenario's preset, then explicit options; ``ArgumentError`` (a
+    ``UsageError`` for an option's spelling) when bad."""
     fields: dict[str, Any] = dict(SCENARIOS[args.scenario])
     for name in ("rate", "shape", "peak_rate", "ramp", "period", "burst_length", "burstiness",
                  "concurrency", "duration", "max_requests", "stream_share", "chat_share",
@@ -113,7 +114,7 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
         try:
             fields["max_tokens_choices"] = tuple(int(v) for v in args.max_tokens.split(","))
         except ValueError:
-            raise ValueError(f"--max-tokens: expected N,N,..., got {args.max_tokens!r}") from None
+            raise UsageError(f"--max-tokens: expected N,N,..., got {args.max_tokens!r}") from None
     return Workload(**fields)
 
 
@@ -122,9 +123,9 @@ def _keys(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         tier, sep, key = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"--key: expected TIER=KEY, got {pair.split('=')[0]!r}=...")
+            raise UsageError(f"--key: expected TIER=KEY, got {pair.split('=')[0]!r}=...")
         if tier not in TIERS:
-            raise ValueError(f"--key: unknown tier {tier!r} (tiers: {', '.join(TIERS)})")
+            raise UsageError(f"--key: unknown tier {tier!r} (tiers: {', '.join(TIERS)})")
         keys[tier] = key
     return keys
 
@@ -144,20 +145,15 @@ def _slo(args: argparse.Namespace) -> Slo:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``vigil loadgen``: exit 0 after a run (even with failed requests: they are reported),
-    2 on bad options."""
+    """``vigil loadgen``: exit 0 after a run (even with failed requests: they are reported);
+    bad options raise ``ArgumentError`` (exit code 2 from ``vigil_shell.cli.main``)."""
     for u in args.url:
         if not u.startswith(("http://", "https://")):
-            print(f"vigil loadgen: error: --url must be http(s)://, got {u!r}", file=sys.stderr)
-            return 2
-    try:
-        wl = workload_from_args(args)
-        keys = _keys(args.key)
-        wl = keyed_workload(wl, keys, explicit_mix=bool(args.tier_mix))
-        slo = _slo(args)
-    except ValueError as exc:
-        print(f"vigil loadgen: error: {exc}", file=sys.stderr)
-        return 2
+            raise UsageError(f"--url must be http(s)://, got {u!r}")
+    wl = workload_from_args(args)
+    keys = _keys(args.key)
+    wl = keyed_workload(wl, keys, explicit_mix=bool(args.tier_mix))
+    slo = _slo(args)
     progress = None if args.quiet else Progress(wl.duration, wl.max_requests)
 
     async def main() -> tuple[list[RequestResult], float]:

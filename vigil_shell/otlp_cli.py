@@ -14,9 +14,9 @@ import signal
 import threading
 from types import FrameType
 
-from vigil.cli_options import add_config_option, add_listen_option, parse_listen
 from vigil.config import load_config
 from vigil.errors import ConfigError
+from vigil_shell.options import add_config_option, add_listen_option, parse_listen
 
 __all__ = ["add_arguments", "run"]
 

@@ -48,9 +48,9 @@ from slo.planning.plan import (
     required_slos,
 )
 from slo.sources.protocol import Source
-from vigil.cli_options import add_at_option, add_config_option, add_json_option
 from vigil.config import Config, PoolConfig, load_config
 from vigil.errors import ConfigError
+from vigil_shell.options import add_at_option, add_config_option, add_json_option
 
 __all__ = ["add_arguments", "run"]
 

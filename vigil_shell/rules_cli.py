@@ -33,12 +33,6 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from vigil.cli_options import (
-    add_config_option,
-    add_out_option,
-    add_prometheus_url_option,
-    positive_duration_arg,
-)
 from vigil.conventions import (
     FILE_KEDA,
     FILE_OPERATOR,
@@ -49,6 +43,12 @@ from vigil.conventions import (
 )
 from vigil.errors import ConfigError
 from vigil_shell import rules_helm_cli
+from vigil_shell.options import (
+    add_config_option,
+    add_out_option,
+    add_prometheus_url_option,
+    positive_duration_arg,
+)
 
 if TYPE_CHECKING:
     from alerts.rules.operator import OperatorOptions

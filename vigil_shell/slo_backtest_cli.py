@@ -20,16 +20,16 @@ from typing import Any, TextIO
 from slo.scaling.policy import SIGNAL_LABELS
 from slo.sources.open import open_source, request_log
 from slo.sources.protocol import RangeSource
-from vigil.cli_options import (
+from vigil.clock import Clock, system_clock
+from vigil.config import load_alert_table, load_config
+from vigil.durations import format_duration
+from vigil.errors import UsageError
+from vigil_shell.options import (
     add_config_option,
     add_json_option,
     add_prometheus_url_option,
     positive_duration_arg,
 )
-from vigil.clock import Clock, system_clock
-from vigil.config import load_alert_table, load_config
-from vigil.durations import format_duration
-from vigil.errors import UsageError
 
 __all__ = ["add_arguments", "format_table", "parse_time", "run"]
 

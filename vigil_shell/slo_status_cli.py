@@ -25,15 +25,15 @@ from typing import Any, TextIO
 
 from slo.objectives.quantiles import QUANTILE_SOURCES, quantile_range, seconds_bucket_text
 from slo.sources.open import open_source, request_log
-from vigil.cli_options import (
+from vigil.clock import Clock, system_clock
+from vigil.config import load_config
+from vigil_shell.options import (
     add_at_option,
     add_config_option,
     add_json_option,
     add_prometheus_url_option,
     positive_duration_arg,
 )
-from vigil.clock import Clock, system_clock
-from vigil.config import load_config
 
 __all__ = ["TABLE_WIDTH", "add_arguments", "format_table", "run"]
 

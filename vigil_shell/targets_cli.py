@@ -24,8 +24,8 @@ from typing import Any
 
 from collector.discovery import DiscoveredTarget, TargetChanges, TargetSet
 from collector.vllm_families import health_warnings
-from vigil.cli_options import add_config_option, add_json_option
 from vigil.config import Config, load_config
+from vigil_shell.options import add_config_option, add_json_option
 
 __all__ = ["add_arguments", "run", "target_rows"]
 

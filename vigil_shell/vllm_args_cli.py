@@ -8,8 +8,8 @@ import json
 import sys
 
 from serving.vllm_args import VllmCommand, build_command
-from vigil.cli_options import add_config_option, add_json_option
 from vigil.config import load_config
+from vigil_shell.options import add_config_option, add_json_option
 
 __all__ = ["add_arguments", "add_common_arguments", "command_from_args", "run"]
 

@@ -66,7 +66,6 @@ from alerts.rules.promql import (
     number,
     pool_up,
     replica_kv_usage_expr,
-    replica_label,
     selector,
     sli_error_expr,
 )
@@ -78,6 +77,7 @@ from alerts.rules.recording import (
     slo_selector,
 )
 from slo.objectives.burn_rate import SloBurnAlert, slo_burn_alerts
+from slo.objectives.sli import replica_label
 from slo.objectives.spec import SloSpec
 from vigil.config import BurnRateAlert, Config, PoolConfig, TargetConfig
 from vigil.conventions import (
@@ -222,7 +222,7 @@ def _selector_target_down(config: Config, pool: PoolConfig, interval: float | No
         ups = [up for up in (pool_up(pool), pool_up(pool, KIND_DCGM) if pool.dcgm_selector
                              else None) if up is not None]
     exprs = [up.promql(SERIES_UP) for up in ups]
-    replica = replica_label(pool)
+    replica = replica_label(pool, external=True)
     return [Rule(
         alert=ALERT_TARGET_DOWN,
         expr="\nor\n".join(f"{up} == 0" for up in exprs),
@@ -315,7 +315,7 @@ def _static_target_down(config: Config, pool: PoolConfig, targets: Sequence[Targ
 
 def _pool_alerts(config: Config, pool: PoolConfig, options: RulesOptions) -> tuple[Rule, ...]:
     threshold = number(config.alerts.kv_usage_high)
-    replica = replica_label(pool)
+    replica = replica_label(pool, external=True)
     # $labels are the expression's: a selector's series have no `pool` to template.
     pool_text = pool.name if pool.has_selector else "{{ $labels.pool }}"
     kv = Rule(

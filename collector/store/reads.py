@@ -18,11 +18,18 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
-from collector.store import rollup, sealed
+from collector.store import rollup, rollup_reads, sealed
 from collector.store.chunks import DecodedChunks
 from collector.store.codec import TS_MAX, TS_MIN, counter_like, decode_value
-from collector.store.rollup import CounterWindow, GaugeWindow
 from collector.store.schema import read_meta
+from collector.store.windows import (
+    CounterWindow,
+    GaugeWindow,
+    concat,
+    gauge_concat,
+    gauge_of_arrays,
+    window_of_arrays,
+)
 from vigil.clock import Clock
 from vigil.conventions import EXPORTED_PREFIX
 from vigil.model import Point, SeriesKey, TargetHealth
@@ -110,10 +117,16 @@ def _metric_name(matchers: StoreMatchers) -> str | None:
     return matchers.get(_NAME)
 
 
-def _plan(conn: sqlite3.Connection, start_ms: int, end_ms: int) -> rollup.Plan | None:
+#: Reads samples: ``load(ids, lo, hi)`` gives, per series id, its samples with
+#: ``lo <= ts <= hi`` (ms) as ``(ts, values, stale)`` arrays, from every table that holds
+#: them (``Reader._load``).
+Loader = Callable[[Sequence[int], int, int], Mapping[int, sealed.Arrays]]
+
+
+def _plan(conn: sqlite3.Connection, start_ms: int, end_ms: int) -> rollup_reads.Plan | None:
     """How the rollup serves ``[start_ms, end_ms]`` (Unix ms) now; None before its first build."""
     limit = rollup.fast_limit(read_meta(conn))
-    return None if limit is None else rollup.plan(int(start_ms), int(end_ms), limit)
+    return None if limit is None else rollup_reads.plan(int(start_ms), int(end_ms), limit)
 
 
 class Reader:
@@ -154,19 +167,19 @@ class Reader:
                 self._span = int(row[0])
         return self._span
 
-    def _sealed(self, conn: sqlite3.Connection) -> rollup.Sealed | None:
+    def _sealed(self, conn: sqlite3.Connection) -> rollup_reads.Sealed | None:
         """The store's chunk span and sealed mark, None while nothing is sealed."""
         span = self._span_ms(conn)
         if span is None:
             return None
         row = conn.execute("SELECT value FROM meta WHERE key = ?",
                            (sealed.K_SEALED,)).fetchone()
-        return None if row is None else rollup.Sealed(span, int(row[0]))
+        return None if row is None else rollup_reads.Sealed(span, int(row[0]))
 
     def _load(self, conn: sqlite3.Connection, ids: Sequence[int], lo: int,
               hi: int) -> dict[int, sealed.Arrays]:
         """Per series id, its samples with ``lo <= ts <= hi`` (ms) from all three tables, in
-        the caller's read transaction (``rollup.Loader``). Series without any are absent."""
+        the caller's read transaction (``Loader``). Series without any are absent."""
         if not ids or hi < lo:
             return {}
         ids_json = json.dumps(list(ids))
@@ -373,15 +386,15 @@ class Reader:
             selected = self.select_series(name, matchers)
             counters = [sid for sid, key, t in selected if counter_like(t, key.name)]
             load = self._loader(conn)
-            region = rollup.region_windows(conn, counters, p, self._sealed(conn),
-                                           self._decoded.decode)
+            region = rollup_reads.region_windows(conn, counters, p, self._sealed(conn),
+                                                 self._decoded.decode)
             # Above the rollup limit, and every non-counter: raw samples, summarised as read.
             others = [sid for sid, key, t in selected if not counter_like(t, key.name)]
             raw = self._windows(load, counters, p.hi, p.end) if p.hi <= p.end else {}
             raw.update(self._windows(load, others, p.start, p.end))
         out: dict[SeriesKey, CounterWindow] = {}
         for sid, key, _ in selected:  # in key order, like every other read
-            window = rollup.concat(region.get(sid), raw.get(sid))
+            window = concat(region.get(sid), raw.get(sid))
             if window is not None:
                 out[key] = window
         return out
@@ -403,28 +416,28 @@ class Reader:
             ]
             ids = [sid for sid, _ in selected]
             load = self._loader(conn)
-            region = rollup.gauge_region(conn, ids, p, self._sealed(conn),
-                                         self._decoded.decode)
+            region = rollup_reads.gauge_region(conn, ids, p, self._sealed(conn),
+                                               self._decoded.decode)
             tail = load(ids, p.hi, p.end) if p.hi <= p.end else {}
         out: dict[SeriesKey, GaugeWindow] = {}
         for sid, key in selected:
-            raw = rollup.gauge_of_arrays(tail[sid]) if sid in tail else None
-            window = rollup.gauge_concat(region.get(sid), raw)
+            raw = gauge_of_arrays(tail[sid]) if sid in tail else None
+            window = gauge_concat(region.get(sid), raw)
             if window is not None:
                 out[key] = window
         return out
 
-    def _loader(self, conn: sqlite3.Connection) -> rollup.Loader:
-        """``_load`` on ``conn`` (the open read transaction), as ``rollup.Loader``."""
+    def _loader(self, conn: sqlite3.Connection) -> Loader:
+        """``_load`` on ``conn`` (the open read transaction), as a ``Loader``."""
         return lambda ids, lo, hi: self._load(conn, ids, lo, hi)
 
     @staticmethod
-    def _windows(load: rollup.Loader, ids: list[int], lo: int,
+    def _windows(load: Loader, ids: list[int], lo: int,
                  hi: int) -> dict[int, CounterWindow]:
         """``CounterWindow`` of the samples with ``lo <= ts <= hi`` of ``ids``."""
         out: dict[int, CounterWindow] = {}
         for sid, arrays in load(ids, lo, hi).items():
-            window = rollup.window_of_arrays(arrays)
+            window = window_of_arrays(arrays)
             if window is not None:
                 out[sid] = window
         return out

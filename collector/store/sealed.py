@@ -20,9 +20,9 @@ Invariants, all Unix ms:
 Maintenance that rewrites samples (downsampling, rebuilding the rollup after a backfill)
 works in SQL on rows, so it first ``unseal``s the spans it covers (the chunks become rows
 again) and compaction seals them again. The samples just before and after such a range are
-read from each chunk's summary columns (first and last non-stale sample; the rollup's
-``LATEST_BEFORE`` and ``_FIRST_AFTER``), so a neighbouring chunk is never unsealed just to be
-looked at.
+read from each chunk's summary columns (first and last non-stale sample;
+``rollup_maintenance``'s ``LATEST_BEFORE`` and ``_FIRST_AFTER``), so a neighbouring chunk is
+never unsealed just to be looked at.
 
 Values in the summary columns are spelled as in ``samples`` (``collector.store.codec``):
 a NaN sample is the TEXT ``'NaN'``; the columns hold no staleness marker (NULL means the

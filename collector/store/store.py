@@ -18,8 +18,8 @@ from collector.store import rollup, sealed
 from collector.store.compaction import CompactionReport, Compactor
 from collector.store.head import WriteHead
 from collector.store.reads import Reader, StoreMatchers
-from collector.store.rollup import CounterWindow, GaugeWindow
 from collector.store.schema import K_BACKFILL, K_WATERMARK, open_database, read_meta
+from collector.store.windows import CounterWindow, GaugeWindow
 from vigil.clock import Clock, system_clock
 from vigil.errors import StoreError
 from vigil.model import Point, SeriesKey, TargetHealth

@@ -108,9 +108,16 @@ def _summary(page: SloPage) -> None:
                    help="Stretches in which the shortest window burned faster than 1 while no "
                         f"alert fired, that consumed at least {DEFAULT_MISSED_SHARE:.0%} of "
                         "the budget.")
+    seen_s = min(page.spec.period_s, page.end_s - page.start_s)
+    short = seen_s < page.spec.period_s
     cols[3].metric("Budget left at the end", fmt.percent(page.budget_remaining),
+                   delta=(f"over {format_duration(seen_s)} of its "
+                          f"{format_duration(page.spec.period_s)} period" if short else None),
+                   delta_color="off",
                    help="1 − error ratio over the period ending at the end of the range ÷ "
-                        "(1 − objective), as `vigil slo status` reports it.")
+                        "(1 − objective), as `vigil slo status` reports it. With less history "
+                        "than the period, the ratio is that of the history alone: a few bad "
+                        "minutes weigh as if they were the whole period.")
     cols[4].metric("Median detection delay", fmt.duration(page.median_delay_s),
                    help="From the onset of the burn (its shortest window above the factor of "
                         "the row that fired) to the alert's first firing evaluation.")

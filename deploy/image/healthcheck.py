@@ -72,9 +72,9 @@ def seen_by(pid: int, path: str) -> Path:
 def health_url(argv: list[str], config_file: Callable[[str], Path] = Path) -> str | None:
     """The health URL of a process that runs ``vigil ARGV``, or None when its command serves
     no HTTP; ``config_file`` maps its ``--config`` to the file to read."""
-    from vigil.cli_options import parse_listen
     from vigil.config import load_config
     from vigil_shell.cli import build_parser
+    from vigil_shell.options import parse_listen
 
     # Which command first (its options are known only to the parser built for it), then its
     # options, exactly as `vigil` parsed them.

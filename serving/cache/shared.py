@@ -11,7 +11,7 @@ touch the database. What is shared is the table ``cache_entries``, one row per s
   still holds them locally, and a cache entry is worth less than a request record. NUL in a
   text field is replaced (U+FFFD) on either database, since PostgreSQL refuses it; a row the
   database still refuses costs only that row (``rejected``), never its batch: the storage
-  layer's policy for every store (``vigil.storage.batches``).
+  layer's policy for every store (``vigil.storage.split_writes``).
 * **read**: every ``sync_interval`` seconds the same thread reads the rows other instances
   appended since the last read (``seq``) and hands them to the event loop (``take``), which
   puts them into its ``EntryStore``. Expired rows are never handed over; a row's
@@ -52,8 +52,8 @@ import numpy as np
 
 from vigil.clock import Clock
 from vigil.errors import StoreError
-from vigil.storage.batches import reason, write_batch
 from vigil.storage.database import SqlDatabase, lock_key, open_database
+from vigil.storage.split_writes import reason, write_batch
 
 __all__ = ["COMPONENT", "MIGRATIONS", "WHAT", "SharedEntries", "SharedEntry"]
 

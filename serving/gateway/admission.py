@@ -27,10 +27,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from serving.gateway.errors import QueueFull
-from serving.gateway.types import PoolLoad
-from serving.gateway.upstreams import Upstreams
+from serving.gateway.tiers import PoolLoad
+from serving.gateway.upstream.replicas import Upstreams
 from vigil.clock import Clock, system_clock
 from vigil.config import BatchConfig, GatewayConfig
+from vigil.conventions import TIER_BATCH, TIER_PREMIUM
 
 __all__ = ["Admission", "has_headroom", "in_off_peak"]
 
@@ -61,7 +62,7 @@ def in_off_peak(now_s: float, windows: Sequence[str]) -> bool:
 def has_headroom(load: PoolLoad, cfg: BatchConfig, now_s: float) -> bool:
     """The batch tier may go upstream: off-peak, or KV usage and queue below the thresholds.
 
-    Unknown figures are no headroom, as for the batch queue (``serving.gateway.batch``): the
+    Unknown figures are no headroom, as for the batch queue (``serving.gateway.batch.queue``): the
     cheapest tier waits when the gateway cannot see the load.
     """
     if in_off_peak(now_s, cfg.off_peak):
@@ -85,7 +86,7 @@ class Admission:
 
     def _load_ok(self, pool: str, tier: str) -> bool:
         load = self._upstreams.load(pool)
-        if tier == "batch":
+        if tier == TIER_BATCH:
             return has_headroom(load, self._cfg.batch, self._clock())
         limit = self._cfg.tier(tier).queue_limit
         return load.queue_length is None or load.queue_length < limit
@@ -96,7 +97,7 @@ class Admission:
         Raises ``QueueFull`` (429) or ``NoReplica`` (503), both with ``retry_after``.
         """
         up = self._upstreams
-        if tier == "premium":
+        if tier == TIER_PREMIUM:
             if up.pick(pool, beyond_kv_limit=True) is None:
                 raise up.no_replica(pool, retry_after=self.retry_after)
             return 0.0

@@ -26,7 +26,7 @@ gateway that has never read an answer enforces nothing. An answer whose ``at`` i
 has computed no chargeback yet, e.g. just restarted) keeps the last state too, so that a serve
 restart does not lift enforcement for a minute.
 
-Only new requests are checked, at admission (``pipeline.Gateway``): a request already admitted,
+Only new requests are checked, at admission (``gateway.Gateway``): a request already admitted,
 a stream included, runs to its end whatever the budget does meanwhile. Batch-API requests are
 checked when the queue releases them (``Gateway.send_batch``): they run at the batch tier
 already, so "demote" changes nothing; "refuse" answers each the 429, which the queue retries like
@@ -52,7 +52,7 @@ import httpx
 from slo.cost.months import month_of
 from vigil.clock import Clock, system_clock
 from vigil.config import Config
-from vigil.conventions import HEADER_BUDGET
+from vigil.conventions import HEADER_BUDGET, TIER_BATCH
 
 __all__ = [
     "DEMOTE",
@@ -142,8 +142,8 @@ def decide(budgets: Iterable[BudgetState], *, tenant: str, pool: str, tier: str,
     refuse = [b for b in spent if b.enforce == REFUSE]
     if refuse:
         return _worst(refuse)
-    if tier != "batch":
-        refuse = [b for b in _spent_budgets(budgets, tenant, pool, "batch", month)
+    if tier != TIER_BATCH:
+        refuse = [b for b in _spent_budgets(budgets, tenant, pool, TIER_BATCH, month)
                   if b.enforce == REFUSE]
         if refuse:
             return _worst(refuse)

@@ -8,7 +8,6 @@ vLLM server returns are passed through as they are (vLLM puts the HTTP status in
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -37,7 +36,6 @@ __all__ = [
     "UpstreamFailure",
     "UpstreamTimeout",
     "error_body",
-    "error_bytes",
     "looks_like_oom",
     "upstream_5xx_class",
 ]
@@ -153,11 +151,6 @@ def error_body(exc: GatewayError) -> dict[str, Any]:
     """OpenAI's ``{"error": {...}}`` for ``exc``."""
     return {"error": {"message": exc.reason, "type": exc.type, "param": exc.param,
                       "code": exc.code}}
-
-
-def error_bytes(exc: GatewayError) -> bytes:
-    """``error_body`` serialised (compact JSON)."""
-    return json.dumps(error_body(exc), separators=(",", ":")).encode()
 
 
 # CUDA's and vLLM's phrasings of running out of GPU memory ("CUDA out of memory",

@@ -57,6 +57,7 @@ from slo.planning.capacity_search import (
 )
 from vigil.capacity import Probe, SloTarget
 from vigil.config import CapacityConfig
+from vigil.conventions import TIER_PREMIUM
 
 __all__ = ["outcome_of", "probe_request", "run_probe"]
 
@@ -64,7 +65,7 @@ log = logging.getLogger(__name__)
 
 #: The tier a probe's requests are sent as: vLLM priority 0, which vLLM accepts under either
 #: scheduling policy (a non-zero priority is refused under ``fcfs``).
-_TIER = "premium"
+_TIER = TIER_PREMIUM
 #: Prompt tokens a chat template adds around the user's message (Llama-3's is about this).
 _TEMPLATE_TOKENS = 8
 #: Characters per token of English text, the usual rule of thumb (and the simulator's).

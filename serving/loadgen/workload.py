@@ -17,6 +17,9 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from vigil.conventions import TIER_BATCH, TIER_PREMIUM, TIER_PRIORITY, TIER_STANDARD
+from vigil.errors import ArgumentError
+
 __all__ = [
     "FAQ",
     "SCENARIOS",
@@ -30,7 +33,7 @@ __all__ = [
 Shape = Literal["steady", "ramp", "diurnal", "burst"]
 
 #: The gateway's tiers and vLLM's request ``priority`` for each (lower is served first).
-TIERS: dict[str, int] = {"premium": 0, "standard": 1, "batch": 2}
+TIERS: dict[str, int] = dict(TIER_PRIORITY)
 
 #: FAQ questions, each with paraphrases a semantic cache should recognise as the same question.
 FAQ: tuple[tuple[str, ...], ...] = (
@@ -89,7 +92,7 @@ class Workload:
     #: The max_tokens the other normal requests ask for (one drawn per request).
     max_tokens_choices: tuple[int, ...] = (128, 256, 512)
     tiers: dict[str, float] = field(
-        default_factory=lambda: {"premium": 0.2, "standard": 0.6, "batch": 0.2}
+        default_factory=lambda: {TIER_PREMIUM: 0.2, TIER_STANDARD: 0.6, TIER_BATCH: 0.2}
     )
     max_in_flight: int = 512
     seed: int = 0
@@ -121,7 +124,7 @@ class Workload:
                            or sum(self.tiers.values()) <= 0):
             problems.append("tier shares must be >= 0 and not all 0")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ArgumentError("; ".join(problems))
 
     def with_(self, **changes: Any) -> Workload:
         """A copy with ``changes``."""
@@ -168,7 +171,7 @@ class PlannedRequest:
 
 def plan_request(rng: random.Random, wl: Workload, model: str) -> PlannedRequest:
     """Draw one request of the mix."""
-    tiers = wl.tiers or {"standard": 1.0}
+    tiers = wl.tiers or {TIER_STANDARD: 1.0}
     names = sorted(tiers)
     tier = rng.choices(names, weights=[tiers[n] for n in names])[0]
     stream = rng.random() < wl.stream_share
@@ -210,7 +213,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "burst": {"shape": "burst", "burstiness": 0.5, "period": 120.0, "burst_length": 20.0},
     "outliers": {"shape": "steady", "long_share": 0.05},
     "faq": {"shape": "steady", "faq_share": 0.8, "long_share": 0.0},
-    "tiers": {"shape": "steady", "tiers": {"premium": 0.3, "standard": 0.4, "batch": 0.3}},
+    "tiers": {"shape": "steady",
+              "tiers": {TIER_PREMIUM: 0.3, TIER_STANDARD: 0.4, TIER_BATCH: 0.3}},
 }
 
 
@@ -223,12 +227,12 @@ def keyed_workload(wl: Workload, keys: dict[str, str], *, explicit_mix: bool) ->
     Without keys every tier is sent, carrying vLLM's ``priority`` (straight to vLLM)."""
     if not keys:
         return wl
-    mix = wl.tiers or {"standard": 1.0}
+    mix = wl.tiers or {TIER_STANDARD: 1.0}
     unkeyed = sorted(t for t, share in mix.items() if share > 0 and t not in keys)
     if not unkeyed:
         return wl
     if explicit_mix:
-        raise ValueError(f"--tier-mix sends {', '.join(unkeyed)} requests but --key gives no "
+        raise ArgumentError(f"--tier-mix sends {', '.join(unkeyed)} requests but --key gives no "
                          f"key for {'it' if len(unkeyed) == 1 else 'them'} (the gateway would "
                          f"answer 401): add --key {unkeyed[0]}=KEY or leave "
                          f"{'it' if len(unkeyed) == 1 else 'them'} out of --tier-mix")

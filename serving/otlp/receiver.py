@@ -47,7 +47,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
-from serving.gateway.records import RecordWriter
+from serving.gateway.telemetry.record_writer import RecordWriter
 from serving.otlp.join import Joiner
 from serving.otlp.mapping import Part, Placer, Rejected, part_of
 from serving.otlp.spans import RequestSpan, request_spans

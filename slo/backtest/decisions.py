@@ -28,7 +28,7 @@ from typing import Literal
 
 import numpy as np
 
-from slo.objectives.sli import replica_label, vllm_up_matchers
+from slo.objectives.sli import replica_label, replica_of, vllm_up_matchers
 from slo.planning.pool_profile import pool_capacity
 from slo.promql.lookup import FloatArray, duration_ms
 from slo.promql.quantile import histogram_quantile
@@ -47,9 +47,10 @@ from slo.scaling.signals import (
     REQUEST_METRIC,
     TTFT_METRIC,
     pool_matchers,
+    pool_mean_max,
     rate_window_for,
     replica_changes,
-    replica_of,
+    replica_mean,
     sample_times,
     ttft_threshold_for,
 )
@@ -90,24 +91,21 @@ def signal_tracks(source: RangeSource, config: Config, pool: PoolConfig, grid: G
     matchers = pool_matchers(pool, source)
     label = replica_label(pool, source)
 
-    # KV-cache usage: each replica the mean of its series' finite values, then the mean and
-    # the max over replicas (math.fsum is correctly rounded, so the order does not matter).
+    # KV-cache usage at each instant exactly as kv_usage_at computes it: each replica's
+    # replica_mean, then pool_mean_max over replicas.
     per_replica: dict[str, list[FloatArray]] = defaultdict(list)
     for labels, track in source.instant_range(KV_METRIC, matchers, grid).items():
         per_replica[replica_of(labels, label)].append(track.values)
     kv_mean = np.full(n, np.nan)
     kv_max = np.full(n, np.nan)
     if per_replica:
-        columns = [np.vstack(v) for _, v in sorted(per_replica.items())]
+        columns = {r: np.vstack(v) for r, v in sorted(per_replica.items())}
         for i in range(n):
-            means = []
-            for col in columns:
-                vs = [x for x in col[:, i].tolist() if math.isfinite(x)]
-                if vs:
-                    means.append(math.fsum(vs) / len(vs))
-            if means:
-                kv_mean[i] = math.fsum(means) / len(means)
-                kv_max[i] = max(means)
+            means = {r: m for r, col in columns.items()
+                     if (m := replica_mean(col[:, i].tolist())) is not None}
+            pooled = pool_mean_max(means)
+            if pooled is not None:
+                kv_mean[i], kv_max[i] = pooled
 
     queue = np.full(n, np.nan)
     waiting = [t.values for t in source.instant_range(QUEUE_METRIC, matchers, grid).values()]

@@ -54,7 +54,7 @@ from slo.objectives.sli import error_ratio
 from slo.objectives.spec import SloSpec, effective_slos
 from slo.promql.lookup import FloatArray
 from slo.promql.tracks import Grid, Track
-from slo.sources.protocol import RangeSource, RequestLog, is_external
+from slo.sources.protocol import RangeSource, RequestLog, is_external, source_kind
 from vigil.config import Config
 from vigil.durations import format_duration
 
@@ -324,7 +324,7 @@ def backtest(config: Config, source: RangeSource, start_s: float, end_s: float, 
         results.append(replace(result, read="raw" if ratios is None else "recorded",
                                read_reason=why))
     return Backtest(start=grid.start_ms / 1000, end=grid.end_ms / 1000, interval_s=step,
-                    source=getattr(source, "kind", type(source).__name__), slos=results,
+                    source=source_kind(source), slos=results,
                     grid=grid)
 
 

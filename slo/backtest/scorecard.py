@@ -46,6 +46,7 @@ import numpy as np
 from slo.backtest.decisions import SignalTracks, replay_fast
 from slo.backtest.episodes import burn_runs, runs
 from slo.backtest.run import Backtest
+from slo.cost.pool import gpu_hours_of
 from slo.promql.lookup import BoolArray, FloatArray
 from slo.promql.tracks import Grid
 from slo.scaling.policy import (
@@ -54,9 +55,11 @@ from slo.scaling.policy import (
     SIGNAL_TTFT,
     CapacitySizing,
     Recommendation,
+    action_of,
 )
 from slo.scaling.signals import ttft_threshold_for
 from slo.sources.protocol import RangeSource
+from vigil.capacity import CEIL_DECIMALS
 from vigil.config import Config, PoolConfig
 from vigil.conventions import LABEL_POOL, METRIC_CURRENT_REPLICAS, METRIC_DESIRED_REPLICAS
 
@@ -65,7 +68,6 @@ __all__ = ["TRIGGERS", "Decision", "PoolScorecard", "kept_decisions", "scorecard
 
 #: The scale-out triggers, in the policy's order.
 TRIGGERS = (SIGNAL_KV, SIGNAL_QUEUE, SIGNAL_TTFT)
-_SECONDS_PER_HOUR = 3600.0
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,7 @@ class Decision:
 
     @property
     def action(self) -> str:
-        return ("scale_out" if self.desired > self.current
-                else "scale_in" if self.desired < self.current else "hold")
+        return action_of(self.current, self.desired)
 
 
 def _triggers(rec: Recommendation) -> frozenset[str]:
@@ -326,7 +327,7 @@ def _scale_ins(decisions: Sequence[Decision], actions: np.ndarray, times: FloatA
         lam = mean[idx]
         with np.errstate(invalid="ignore"):
             lower = np.where(np.isfinite(lam),
-                             np.ceil(np.round(lam / sizing.rps_per_replica, 9)), np.nan)
+                             np.ceil(np.round(lam / sizing.rps_per_replica, CEIL_DECIMALS)), np.nan)
     interval = float(times[1] - times[0]) if times.size > 1 else 0.0
     out: list[dict[str, Any]] = []
     for a, _ in runs(actions == "scale_in"):
@@ -350,8 +351,8 @@ def _scale_ins(decisions: Sequence[Decision], actions: np.ndarray, times: FloatA
                 entry.update({
                     "lower_bound_since": since, "late_by_seconds": late,
                     "too_late": late > interval,
-                    "gpu_hours_above_lower_bound": float(excess.sum()) * interval
-                    / _SECONDS_PER_HOUR * pool.gpus_per_replica,
+                    "gpu_hours_above_lower_bound": gpu_hours_of(float(excess.sum()) * interval,
+                                                                pool.gpus_per_replica),
                 })
         out.append(entry)
     return out

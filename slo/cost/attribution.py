@@ -53,6 +53,7 @@ from slo.cost.prices import PoolPrices
 __all__ = ["Attribution", "Run", "attribute", "cents", "merge_intervals"]
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 #: The shortest prefill or decode phase told apart (seconds).
 _MIN_PHASE_S = 0.001
 
@@ -70,6 +71,36 @@ class Run:
     end_s: float
     prefill_units: float | None
     decode_units: float | None
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Many ``Run``s as arrays, one entry per request (what ``attribute`` works on): NaN in
+    ``first_s`` for an unknown first token, in ``prefill_units``/``decode_units`` for unknown
+    token counts; ``replica`` "" when unknown."""
+
+    key: IntArray
+    replica: list[str]
+    start_s: FloatArray
+    first_s: FloatArray
+    end_s: FloatArray
+    prefill_units: FloatArray
+    decode_units: FloatArray
+
+    @classmethod
+    def of(cls, runs: Sequence[Run]) -> Runs:
+        """``runs`` as arrays."""
+        nan = math.nan
+        return cls(np.array([r.key for r in runs], dtype=np.int64),
+                   [r.replica for r in runs],
+                   np.array([r.start_s for r in runs], dtype=np.float64),
+                   np.array([nan if r.first_s is None else r.first_s for r in runs],
+                            dtype=np.float64),
+                   np.array([r.end_s for r in runs], dtype=np.float64),
+                   np.array([nan if r.prefill_units is None else r.prefill_units
+                             for r in runs], dtype=np.float64),
+                   np.array([nan if r.decode_units is None else r.decode_units
+                             for r in runs], dtype=np.float64))
 
 
 @dataclass
@@ -113,12 +144,15 @@ def merge_intervals(intervals: Sequence[tuple[float, float]], lo: float, hi: flo
 
 
 @dataclass
-class _Phase:
-    key: int
-    start: float
-    end: float
-    units: float | None
-    rate: float = 0.0
+class _Phases:
+    """One replica's phases as arrays: the run's key, start, end, work (NaN: unknown) and,
+    once known, the work each asks per second."""
+
+    key: IntArray
+    start: FloatArray
+    end: FloatArray
+    units: FloatArray
+    rate: FloatArray | None = None
 
 
 @dataclass
@@ -169,21 +203,25 @@ def _segments(billing: Mapping[str, list[tuple[float, float]]], prices: PoolPric
     return per
 
 
-def _phases(run: Run, share: float) -> list[_Phase]:
-    """The run's prefill and decode phases (one phase when its first token is unknown), with
-    ``share`` of its units (a run spread over several replicas)."""
-    pre, dec = run.prefill_units, run.decode_units
-    known = pre is not None and dec is not None
+def _phases(runs: Runs, idx: IntArray, share: FloatArray) -> _Phases:
+    """The prefill and decode phases of the runs ``idx`` (one phase for a run whose first
+    token or token counts are unknown), each with ``share`` of its units (a run spread over
+    several replicas)."""
+    start, first, end = runs.start_s[idx], runs.first_s[idx], runs.end_s[idx]
+    pre, dec = runs.prefill_units[idx], runs.decode_units[idx]
+    key = runs.key[idx]
+    known = ~np.isnan(pre) & ~np.isnan(dec)
     # Phases shorter than a millisecond are not told apart: a request timed to the
     # microsecond would otherwise ask billions of units a second for an instant.
-    if (run.first_s is not None and run.start_s + _MIN_PHASE_S < run.first_s
-            < run.end_s - _MIN_PHASE_S and known):
-        assert pre is not None and dec is not None
-        return [_Phase(run.key, run.start_s, run.first_s, pre * share),
-                _Phase(run.key, run.first_s, run.end_s, dec * share)]
-    units = (pre or 0.0) + (dec or 0.0) if known else None
-    return [_Phase(run.key, run.start_s, run.end_s,
-                   None if units is None else units * share)]
+    with np.errstate(invalid="ignore"):
+        split = known & (first > start + _MIN_PHASE_S) & (first < end - _MIN_PHASE_S)
+    one = ~split
+    return _Phases(
+        np.concatenate([key[split], key[split], key[one]]),
+        np.concatenate([start[split], first[split], start[one]]),
+        np.concatenate([first[split], end[split], end[one]]),
+        np.concatenate([(pre * share)[split], (dec * share)[split],
+                        np.where(known, (pre + dec) * share, np.nan)[one]]))
 
 
 def _unattributed_shares(recorded: FloatArray, counter: Sequence[tuple[float, float]] | None,
@@ -213,26 +251,26 @@ def _unattributed_shares(recorded: FloatArray, counter: Sequence[tuple[float, fl
     return shares
 
 
-def _split(phases: list[_Phase], segments: list[_Segment], edges: FloatArray,
+def _split(phases: _Phases, segments: list[_Segment], edges: FloatArray,
            counter: Sequence[tuple[float, float]] | None, tolerance: float, lo: float,
-           hi: float, out: Attribution) -> None:
+           hi: float, out: Attribution) -> tuple[IntArray, FloatArray, FloatArray]:
     """Split one replica's billed time over its phases, idle and unattributed (see the
     module docstring, 3-4), on the grid of every moment something changes. Keeps
     ``A = ∫ rate × (1 − u) / W dt`` (``W`` the running phases' summed rates, ``u`` the step's
     unattributed share): a phase of rate ``w`` pays ``w × (A(end) − A(start))``, so the
     whole split is a few array passes whatever the concurrency."""
-    starts = np.array([max(p.start, lo) for p in phases])
-    ends = np.array([min(p.end, hi) for p in phases])
-    rates = np.array([p.rate for p in phases])
+    assert phases.rate is not None
+    starts = np.maximum(phases.start, lo)
+    ends = np.minimum(phases.end, hi)
     keep = ends > starts
-    starts, ends, rates = starts[keep], ends[keep], rates[keep]
-    keys = np.array([p.key for p in phases], dtype=np.int64)[keep]
+    starts, ends = starts[keep], ends[keep]
+    rates, keys = phases.rate[keep], phases.key[keep]
     seg_a = np.array([g.start for g in segments])
     seg_b = np.array([g.end for g in segments])
     times = np.unique(np.concatenate([[lo, hi], edges, seg_a, seg_b, starts, ends]))
     times = times[(times >= lo) & (times <= hi)]
     if len(times) < 2:
-        return
+        return np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0)
     t0, dt = times[:-1], np.diff(times)
     i_start = np.searchsorted(times, starts)
     i_end = np.searchsorted(times, ends)
@@ -282,9 +320,7 @@ def _split(phases: list[_Phase], segments: list[_Segment], edges: FloatArray,
                                                          0.0))])
     paid = rates * (area[i_end] - area[i_start])
     paid_gpu = rates * (area_gpu[i_end] - area_gpu[i_start])
-    for key, c, g in zip(keys.tolist(), paid.tolist(), paid_gpu.tolist(), strict=True):
-        out.cost[key] = out.cost.get(key, 0.0) + c
-        out.gpu_hours[key] = out.gpu_hours.get(key, 0.0) + g
+    return keys, paid, paid_gpu
 
 
 def attribute(
@@ -292,7 +328,7 @@ def attribute(
     hi: float,
     billing: Mapping[str, Sequence[tuple[float, float]]],
     prices: PoolPrices,
-    runs: Sequence[Run],
+    runs: Sequence[Run] | Runs,
     counters: Mapping[str, Sequence[tuple[float, float]]] | None = None,
     *,
     step_s: float = 300.0,
@@ -306,45 +342,71 @@ def attribute(
     not measured, no unattributed line for it. ``step_s``, ``tolerance``: ``[cost] step`` and
     ``unattributed_tolerance``."""
     out = Attribution()
+    arrays = runs if isinstance(runs, Runs) else Runs.of(runs)
     merged = {r: merge_intervals(list(spans), lo, hi) for r, spans in billing.items()}
     merged = {r: spans for r, spans in merged.items() if spans}
     segments = _segments(merged, prices, lo, hi, out)
-    by_replica: dict[str, list[_Phase]] = {r: [] for r in merged}
-    for run in runs:
-        if not run.end_s > run.start_s:
+    inside = np.flatnonzero((arrays.end_s > arrays.start_s) & (arrays.end_s > lo)
+                            & (arrays.start_s < hi))
+    placed: dict[str, list[tuple[IntArray, FloatArray]]] = {r: [] for r in merged}
+    by_name: dict[str, list[int]] = {}
+    for i in inside.tolist():
+        by_name.setdefault(arrays.replica[i], []).append(i)
+    for name, members in by_name.items():
+        idx = np.array(members, dtype=np.int64)
+        if name in merged:
+            placed[name].append((idx, np.ones(len(idx))))
             continue
-        if run.replica in merged:
-            places = [run.replica]
-        else:
-            # No replica named, or one never billed under that name (a router's address for
-            # it): spread over the replicas that ran meanwhile.
-            out.respread_runs += bool(run.replica)
+        # No replica named, or one never billed under that name (a router's address for
+        # it): each spread over the replicas that ran meanwhile.
+        out.respread_runs += len(idx) if name else 0
+        for i in idx.tolist():
+            a, b = arrays.start_s[i], arrays.end_s[i]
             places = [r for r, spans in merged.items()
-                      if any(a < run.end_s and run.start_s < b for a, b in spans)]
-        if not places or run.end_s <= lo or run.start_s >= hi:
-            out.unbilled_runs += bool(not places and lo < run.end_s and run.start_s < hi)
-            continue
-        for r in places:
-            by_replica[r].extend(_phases(run, 1.0 / len(places)))
+                      if any(x < b and a < y for x, y in spans)]
+            if not places:
+                out.unbilled_runs += 1
+                continue
+            for r in places:
+                placed[r].append((np.array([i]), np.array([1.0 / len(places)])))
     edges = np.array([lo + k * step_s for k in range(math.ceil((hi - lo) / step_s))] + [hi])
     if len(edges) < 2:
         edges = np.array([lo, hi])
     measured = set()
-    for replica, phases in by_replica.items():
-        known = [p for p in phases if p.units is not None]
-        spent = math.fsum(p.end - p.start for p in known)
-        mean = math.fsum(p.units or 0.0 for p in known) / spent if spent > 0 else 1.0
+    paid_keys, paid, paid_gpu = [], [], []
+    for replica, parts in placed.items():
+        if parts:
+            idx = np.concatenate([p[0] for p in parts])
+            share = np.concatenate([p[1] for p in parts])
+        else:
+            idx, share = np.zeros(0, dtype=np.int64), np.zeros(0)
+        phases = _phases(arrays, idx, share)
+        length = phases.end - phases.start
+        known = ~np.isnan(phases.units)
+        spent = float(length[known].sum())
+        mean = float(phases.units[known].sum()) / spent if spent > 0 else 1.0
         mean = mean if mean > 0 else 1.0
         # A request that ran with no token known still ran: a rate a millionth of the mean
         # keeps it in the split (alone on the replica, it pays the whole moment).
-        floor = mean * 1e-6
-        for p in phases:
-            p.rate = mean if p.units is None else max(p.units / (p.end - p.start), floor)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            phases.rate = np.where(known, np.maximum(phases.units / length, mean * 1e-6), mean)
         counter = None if counters is None else counters.get(replica)
         if counter:
             measured.add(replica)
-        _split(phases, segments[replica], edges, counter, tolerance, lo, hi, out)
+        keys, c, g = _split(phases, segments[replica], edges, counter, tolerance, lo, hi, out)
+        paid_keys.append(keys)
+        paid.append(c)
+        paid_gpu.append(g)
     out.measured_replicas = frozenset(measured)
+    if paid_keys:
+        keys = np.concatenate(paid_keys)
+        if len(keys):
+            # Per key, in one pass: its phases on every replica it ran on.
+            found, at = np.unique(keys, return_inverse=True)
+            costs = np.bincount(at, weights=np.concatenate(paid), minlength=len(found))
+            hours = np.bincount(at, weights=np.concatenate(paid_gpu), minlength=len(found))
+            out.cost = dict(zip(found.tolist(), costs.tolist(), strict=True))
+            out.gpu_hours = dict(zip(found.tolist(), hours.tolist(), strict=True))
     return out
 
 

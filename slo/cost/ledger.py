@@ -30,14 +30,17 @@ Units: Unix seconds, the ``[cost] currency``, GPU-hours, tokens.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 
-from slo.cost.attribution import Attribution, Run, attribute, cents
-from slo.cost.pool import billed_intervals, reached_engine, replica_of, samples_between
+import numpy as np
+
+from slo.cost.attribution import Attribution, Runs, attribute, cents
+from slo.cost.pool import billed_intervals, reached_engine, samples_between
 from slo.cost.prices import pool_prices
-from slo.objectives.sli import request_met_slos, vllm_matchers
+from slo.objectives.sli import replica_label, replica_of, request_met_slos, vllm_matchers
 from slo.objectives.spec import SloSpec, effective_slos
 from slo.promql.tracks import Grid
 from slo.sources.protocol import RangeSource, RequestLog, Source
@@ -50,10 +53,23 @@ from vigil.conventions import (
     VLLM_PREFIX_CACHE_HITS,
     VLLM_PROMPT_TOKENS,
 )
+from vigil.errors import ArgumentError
 from vigil.model import RequestRecord
 
-__all__ = ["GROUPINGS", "IDLE_TENANT", "RECORD_MARGIN_S", "UNATTRIBUTED_TENANT", "Ledger",
-           "Line", "PoolLedger", "group_lines", "ledger", "line_figures", "top_tenants"]
+__all__ = [
+    "GROUPINGS",
+    "IDLE_TENANT",
+    "RECORD_MARGIN_S",
+    "UNATTRIBUTED_TENANT",
+    "Ledger",
+    "Line",
+    "PoolLedger",
+    "chunk_bounds",
+    "group_lines",
+    "ledger",
+    "line_figures",
+    "top_tenants",
+]
 
 #: The tenant of a pool's idle line and of its unattributed line.
 IDLE_TENANT = "(idle)"
@@ -129,27 +145,33 @@ class Ledger:
     warnings: list[str] = field(default_factory=list)
 
 
-def _units(r: RequestRecord, config: Config) -> tuple[float | None, float | None]:
-    """A record's prefill and decode work (decode steps; see ``slo.cost.attribution``),
-    ``(None, None)`` when its token counts are unknown."""
-    if r.tokens_source == TOKENS_UNKNOWN or (r.prompt_tokens == 0 and r.generated_tokens == 0):
-        return None, None
-    cached = min(max(r.cached_tokens or 0, 0), r.prompt_tokens)
+def _runs(records: Sequence[RequestRecord], config: Config) -> Runs:
+    """Each record's time on its replica (``slo.cost.attribution.Runs``), keyed by its index:
+    from its arrival there (after the gateway's admission wait) to its end, its first token,
+    and its prefill and decode work (decode steps; NaN when its token counts are unknown).
+    Records that never ran on a replica are left out."""
     c = config.cost
-    return ((r.prompt_tokens - cached) * c.prefill_token_weight
-            + cached * c.cached_token_weight), float(r.generated_tokens)
-
-
-def _run(key: int, r: RequestRecord, config: Config) -> Run | None:
-    """The record's time on its replica: from its arrival there (after the gateway's
-    admission wait) to its end; None when it never ran on one."""
-    if not reached_engine(r) or r.e2e_s is None or not math.isfinite(r.e2e_s):
-        return None
-    begin = r.ts_s - r.e2e_s
-    start = min(begin + max(r.queue_s, 0.0), r.ts_s)
-    first = None if r.ttft_s is None else begin + r.ttft_s
-    pre, dec = _units(r, config)
-    return Run(key, r.replica, start, first, r.ts_s, pre, dec)
+    nan = math.nan
+    keys, replicas, rows = [], [], []
+    for i, r in enumerate(records):
+        if not reached_engine(r) or r.e2e_s is None or not math.isfinite(r.e2e_s):
+            continue
+        keys.append(i)
+        replicas.append(r.replica)
+        untold = r.tokens_source == TOKENS_UNKNOWN or (r.prompt_tokens == 0
+                                                       and r.generated_tokens == 0)
+        rows.append((r.ts_s, r.e2e_s, max(r.queue_s, 0.0),
+                     nan if r.ttft_s is None else r.ttft_s, float(r.prompt_tokens),
+                     float(r.cached_tokens or 0), float(r.generated_tokens),
+                     1.0 if untold else 0.0))
+    a = np.array(rows, dtype=np.float64).reshape(len(rows), 8)
+    end, e2e, queue, ttft, prompt, cached, generated, unknown = a.T
+    begin = end - e2e
+    cached = np.clip(cached, 0.0, prompt)
+    pre = (prompt - cached) * c.prefill_token_weight + cached * c.cached_token_weight
+    return Runs(np.array(keys, dtype=np.int64), replicas, np.minimum(begin + queue, end),
+                begin + ttft, end, np.where(unknown > 0, nan, pre),
+                np.where(unknown > 0, nan, generated))
 
 
 def _counter_work(source: Source, config: Config, pool: PoolConfig, lo: float, hi: float
@@ -163,6 +185,7 @@ def _counter_work(source: Source, config: Config, pool: PoolConfig, lo: float, h
     weights = {VLLM_PROMPT_TOKENS: c.prefill_token_weight, VLLM_GENERATION_TOKENS: 1.0,
                VLLM_PREFIX_CACHE_HITS: c.cached_token_weight - c.prefill_token_weight}
     m = vllm_matchers(pool, source)
+    label = replica_label(pool, source)
     work: dict[str, dict[float, float]] = {}
     if isinstance(source, RangeSource):
         # Each counter's value at every step's end (its last sample, as an instant query
@@ -175,7 +198,7 @@ def _counter_work(source: Source, config: Config, pool: PoolConfig, lo: float, h
         for name, weight in weights.items():
             tail = source.instant(name, m, last) if last is not None else {}
             for labels, track in source.instant_range(name, m, grid).items():
-                per = work.setdefault(replica_of(labels, pool, source), {})
+                per = work.setdefault(replica_of(labels, label), {})
                 prev = None
                 values = track.values.tolist()
                 there = track.present.tolist()
@@ -196,7 +219,7 @@ def _counter_work(source: Source, config: Config, pool: PoolConfig, lo: float, h
     for name, weight in weights.items():
         read = samples_between(source, name, m, lo - c.step, hi + config.engine.lookback)
         for labels, points in read.items():
-            per = work.setdefault(replica_of(labels, pool, source), {})
+            per = work.setdefault(replica_of(labels, label), {})
             prev = None
             for p in points:
                 if p.value is None or not math.isfinite(p.value):
@@ -265,6 +288,58 @@ def _allocate_idle(config: Config, lines: Iterable[Line], idle: float) -> float:
     return 0.0
 
 
+def chunk_bounds(start_s: float, end_s: float, step_s: float) -> list[float]:
+    """``start_s``, then every whole number of steps in a day after it, then ``end_s``: the
+    spans a long window is attributed in (about a day each, a whole number of ``[cost]
+    step``s, so that each span's steps are the window's). Attribution is additive over
+    spans cut so; a span at a time bounds the records held in memory to a day's."""
+    chunk = step_s * max(1, math.floor(86400.0 / step_s))
+    cuts = [start_s]
+    while cuts[-1] + chunk < end_s:
+        cuts.append(cuts[-1] + chunk)
+    return [*cuts, end_s]
+
+
+def _merge(into: Attribution, part: Attribution) -> None:
+    """Add ``part``'s totals to ``into`` (the per-request figures are summed in the lines)."""
+    for name in ("idle_cost", "idle_gpu_hours", "unused_reserved_cost", "unattributed_cost",
+                 "unattributed_gpu_hours", "total_cost", "total_gpu_hours", "unbilled_runs",
+                 "respread_runs"):
+        setattr(into, name, getattr(into, name) + getattr(part, name))
+    into.measured_replicas = into.measured_replicas | part.measured_replicas
+
+
+def _attribute_pool(source: Source, config: Config, pool: PoolConfig,
+                    request_log: RequestLog | None, specs: Sequence[SloSpec], start_s: float,
+                    end_s: float) -> tuple[Attribution, dict[tuple[str, str, str, str], Line],
+                                           bool]:
+    """One pool over ``(start_s, end_s]``, a day-long span at a time (``chunk_bounds``): the
+    summed attribution, the lines before idle allocation, and whether any replica was
+    billed."""
+    total = Attribution()
+    lines: dict[tuple[str, str, str, str], Line] = {}
+    billed = False
+    prices = pool_prices(config, pool)
+    for lo, hi in itertools.pairwise(chunk_bounds(start_s, end_s, config.cost.step)):
+        billing = billed_intervals(source, config, pool, lo, hi)
+        billed = billed or bool(billing)
+        records: list[RequestRecord] = []
+        if request_log is not None:
+            records = list(request_log.records(pool.name, hi + RECORD_MARGIN_S,
+                                               hi + RECORD_MARGIN_S - lo))
+        runs = _runs(records, config)
+        counters = _counter_work(source, config, pool, lo, hi)
+        att = attribute(lo, hi, billing, prices, runs, counters, step_s=config.cost.step,
+                        tolerance=config.cost.unattributed_tolerance)
+        _merge(total, att)
+        for key, line in _pool_lines(config, pool, records, att, specs, lo, hi).items():
+            if key in lines:
+                lines[key].add(line)
+            else:
+                lines[key] = line
+    return total, lines, billed
+
+
 def ledger(source: Source, config: Config, request_log: RequestLog | None, start_s: float,
            end_s: float, pools: Sequence[str] | None = None) -> Ledger:
     """The chargeback of ``(start_s, end_s]`` for ``pools`` (default every pool)."""
@@ -273,17 +348,9 @@ def ledger(source: Source, config: Config, request_log: RequestLog | None, start
     for pool in config.pools:
         if pools is not None and pool.name not in pools:
             continue
-        billing = billed_intervals(source, config, pool, start_s, end_s)
-        records: list[RequestRecord] = []
-        if request_log is not None:
-            records = list(request_log.records(pool.name, end_s + RECORD_MARGIN_S,
-                                               end_s + RECORD_MARGIN_S - start_s))
-        runs = [run for i, r in enumerate(records) if (run := _run(i, r, config)) is not None]
-        counters = _counter_work(source, config, pool, start_s, end_s)
-        att = attribute(start_s, end_s, billing, pool_prices(config, pool), runs, counters,
-                        step_s=config.cost.step, tolerance=config.cost.unattributed_tolerance)
-        lines = _pool_lines(config, pool, records, att, specs, start_s, end_s)
-        if not billing:
+        att, lines, billed = _attribute_pool(source, config, pool, request_log, specs,
+                                             start_s, end_s)
+        if not billed:
             out.pools.append(PoolLedger(pool.name, None, None))
             if lines:
                 out.lines.extend(lines.values())
@@ -329,7 +396,7 @@ def group_lines(lines: Iterable[Line], by: Sequence[str]) -> list[Line]:
     "" in the result. Ordered by cost, highest first."""
     unknown = [b for b in by if b not in GROUPINGS]
     if unknown:
-        raise ValueError(f"cannot group by {', '.join(unknown)}: one of "
+        raise ArgumentError(f"cannot group by {', '.join(unknown)}: one of "
                          f"{', '.join(GROUPINGS)}")
     out: dict[tuple[str, ...], Line] = {}
     for ln in lines:

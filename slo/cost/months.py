@@ -7,6 +7,8 @@ import re
 import zoneinfo
 from datetime import UTC, datetime
 
+from vigil.errors import ArgumentError
+
 __all__ = ["month_bounds", "month_of", "next_month"]
 
 _MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
@@ -17,7 +19,7 @@ def month_bounds(month: str, tz: str) -> tuple[float, float]:
     first midnight and the next month's. ``ValueError`` for another spelling."""
     found = _MONTH.match(month)
     if found is None:
-        raise ValueError(f"a month is spelled YYYY-MM (2026-11), not {month!r}")
+        raise ArgumentError(f"a month is spelled YYYY-MM (2026-11), not {month!r}")
     year, mon = int(found[1]), int(found[2])
     zone = zoneinfo.ZoneInfo(tz)
     start = datetime(year, mon, 1, tzinfo=zone)

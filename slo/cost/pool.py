@@ -95,7 +95,7 @@ import numpy as np
 import numpy.typing as npt
 
 from slo.objectives.quantiles import finite_or_none
-from slo.objectives.sli import replica_label, vllm_matchers, vllm_up_matchers
+from slo.objectives.sli import replica_label, replica_of, vllm_matchers, vllm_up_matchers
 from slo.promql.aggregate import sum_by
 from slo.sources.protocol import Downsampled, RequestLog, Source, is_external
 from vigil.config import Config, PoolConfig
@@ -111,7 +111,7 @@ from vigil.conventions import (
     VLLM_REQUEST_SUCCESS,
     VLLM_REQUESTS_RUNNING,
 )
-from vigil.durations import format_duration
+from vigil.durations import SECONDS_PER_HOUR, format_duration
 from vigil.model import Labels, Point, RequestRecord
 
 __all__ = [
@@ -124,13 +124,11 @@ __all__ = [
     "idle_share",
     "pool_cost",
     "reached_engine",
-    "replica_of",
     "samples_between",
     "tier_costs",
     "up_seconds",
 ]
 
-_SECONDS_PER_HOUR = 3600.0
 #: Fewest samples whose median spacing stands for an unknown scrape interval: with fewer, one
 #: gap (a restart, a missed scrape) could be the median.
 MIN_SAMPLES_FOR_SPACING = 4
@@ -240,15 +238,6 @@ def samples_between(source: Source, metric: str, matchers: Any, lo_s: float, hi_
     return out
 
 
-def replica_of(labels: Labels, pool: PoolConfig, source: Source) -> str:
-    """The replica a series belongs to: its target's name (``instance``) in the embedded
-    store, the pool's replica label (else ``instance``) in a Prometheus."""
-    d = dict(labels)
-    if is_external(source):
-        return d.get(replica_label(pool, source)) or d.get(LABEL_INSTANCE, "")
-    return d.get(LABEL_INSTANCE, "")
-
-
 def billed_intervals(
     source: Source, config: Config, pool: PoolConfig, lo_s: float, hi_s: float
 ) -> dict[str, list[tuple[float, float]]]:
@@ -278,7 +267,7 @@ def billed_intervals(
         if before_ms is not None:
             cover[ts < before_ms] = max(interval, resolution_s)
         end = ts / 1000.0
-        out.setdefault(replica_of(labels, pool, source), []).extend(
+        out.setdefault(replica_of(labels, replica_label(pool, source)), []).extend(
             _union(end - cover, end))
     return out
 
@@ -300,7 +289,7 @@ def _union(starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64]
 def gpu_hours_of(replica_seconds: float, gpus_per_replica: int) -> float:
     """GPU-hours of ``replica_seconds`` seconds of replica time (``/ 3600 × GPUs``, the
     generated rule's order of operations)."""
-    return replica_seconds / _SECONDS_PER_HOUR * gpus_per_replica
+    return replica_seconds / SECONDS_PER_HOUR * gpus_per_replica
 
 
 def gpu_hours(

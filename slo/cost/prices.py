@@ -28,12 +28,12 @@ from typing import Any, TypeVar
 
 from vigil.config import Config, PoolConfig
 from vigil.config.cost import parse_since
+from vigil.durations import SECONDS_PER_HOUR
 
 __all__ = ["PoolPrices", "ReplicaRates", "pool_prices"]
 
 _E = TypeVar("_E", bound=tuple[Any, ...])
 
-_SECONDS_PER_HOUR = 3600.0
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class PoolPrices:
         assert od is not None  # the first on-demand entry starts at -inf
         reserved = _current(self.reserved, at_s)
         spot = _current(self.spot, at_s)
-        per_gpu_s = self.gpus / _SECONDS_PER_HOUR
+        per_gpu_s = self.gpus / SECONDS_PER_HOUR
         rates: dict[str, float] = {}
         regular = []
         for name in running:

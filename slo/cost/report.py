@@ -31,6 +31,7 @@ from slo.cost.ledger import (
 from slo.cost.months import month_bounds
 from slo.sources.protocol import RequestLog, Source
 from vigil.config import Config
+from vigil.errors import ArgumentError
 from vigil.storage.cost_statements import Statements
 
 __all__ = ["cost_report", "reconciliation"]
@@ -119,10 +120,11 @@ def cost_report(source: Source, config: Config, request_log: RequestLog | None, 
         end = min(end_s, at_s)
     else:
         if start_s is None or end_s is None or not end_s > start_s:
-            raise ValueError("give a month, or a start before an end")
+            raise ArgumentError("give a month, or a start before an end")
         closed, end = False, end_s
     if not end > start_s:
-        raise ValueError(f"the month {month} starts after {_iso(at_s)}: nothing to report yet")
+        raise ArgumentError(f"the month {month} starts after {_iso(at_s)}: nothing to report "
+                            "yet")
     book = ledger(source, config, request_log, start_s, end, pools)
     lines = book.lines
     frozen_at = None

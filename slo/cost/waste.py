@@ -34,13 +34,12 @@ from dataclasses import dataclass
 from slo.cost.pool import gpu_hours_of, up_seconds
 from slo.objectives.sli import vllm_matchers
 from slo.sources.protocol import Source
+from vigil.capacity import replicas_needed
 from vigil.config import Config, PoolConfig
 from vigil.conventions import VLLM_REQUEST_SUCCESS
 
 __all__ = ["WasteResult", "WasteStep", "lower_bound_replicas", "step_times", "waste"]
 
-# ceil(30.000000000000004) must not add a replica for float noise (see slo.scaling.policy).
-_CEIL_DECIMALS = 9
 
 
 @dataclass(frozen=True)
@@ -93,13 +92,8 @@ def step_times(start_s: float, end_s: float, step_s: float) -> list[float]:
 
 def lower_bound_replicas(rps: float, capacity_rps_per_replica: float) -> int:
     """``ceil(rps / capacity)``: the fewest replicas that serve ``rps`` requests per second,
-    each at most at its capacity (requests per second)."""
-    if not (math.isfinite(capacity_rps_per_replica) and capacity_rps_per_replica > 0):
-        raise ValueError("capacity_rps_per_replica must be > 0 requests per second, not "
-                         f"{capacity_rps_per_replica!r}")
-    if not (math.isfinite(rps) and rps >= 0):
-        raise ValueError(f"rps must be a finite rate >= 0, not {rps!r}")
-    return math.ceil(round(rps / capacity_rps_per_replica, _CEIL_DECIMALS))
+    each at most at its capacity (requests per second; ``vigil.capacity.replicas_needed``)."""
+    return replicas_needed(rps, capacity_rps_per_replica)
 
 
 def waste(

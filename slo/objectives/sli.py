@@ -84,7 +84,7 @@ from vigil.conventions import (
     VLLM_REQUEST_SUCCESS,
     VLLM_TTFT,
 )
-from vigil.model import RequestRecord
+from vigil.model import Labels, RequestRecord
 from vigil.selectors import default_pool_selector
 
 __all__ = [
@@ -101,6 +101,7 @@ __all__ = [
     "inf_bucket_count",
     "pool_series",
     "replica_label",
+    "replica_of",
     "request_met_slos",
     "vllm_matchers",
 ]
@@ -168,12 +169,25 @@ def vllm_up_matchers(pool: PoolConfig | SloSpec | str, source: Source | None = N
     return chosen
 
 
-def replica_label(pool: PoolConfig | str, source: Source | None = None) -> str:
-    """The label that tells the pool's replicas apart in ``source``: the pool's
-    ``replica_label`` in a Prometheus, ``instance`` in Vigil's store (or for a pool by name)."""
+def replica_label(pool: PoolConfig | str, source: Source | None = None, *,
+                  external: bool | None = None) -> str:
+    """The label that tells the pool's replicas apart in ``source`` (or, with ``external``, in
+    a Prometheus when True: what the generated rules read): the pool's ``replica_label`` in a
+    Prometheus, ``instance`` in Vigil's store (or for a pool by name). The one adapter around
+    ``PoolConfig.replica_label_for``."""
     if isinstance(pool, str):
         return LABEL_INSTANCE
-    return pool.replica_label_for(external=is_external(source))
+    return pool.replica_label_for(external=is_external(source) if external is None
+                                  else external)
+
+
+def replica_of(labels: Labels, label: str) -> str:
+    """The replica a series belongs to: the value of the replica label ``label``
+    (``replica_label``) in ``labels``, "" without it."""
+    for k, v in labels:
+        if k == label:
+            return v
+    return ""
 
 
 def vllm_matchers(pool: PoolConfig | SloSpec | str, source: Source | None = None, *,

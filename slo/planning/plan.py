@@ -52,11 +52,19 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from slo.cost.pool import gpu_hours_of
 from slo.objectives.sli import vllm_matchers
 from slo.objectives.spec import effective_slos
 from slo.planning.forecast import SECONDS_PER_DAY, TrafficForecast
 from slo.sources.protocol import Source
-from vigil.capacity import BASES, Basis, CapacityProfile, ProfileIdentity, SloTarget
+from vigil.capacity import (
+    BASES,
+    Basis,
+    CapacityProfile,
+    ProfileIdentity,
+    SloTarget,
+    replicas_needed,
+)
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
     ERROR_REFUSED_CLASSES,
@@ -81,7 +89,6 @@ __all__ = [
     "weakest_basis",
 ]
 
-_SECONDS_PER_HOUR = 3600.0
 _HOURS_PER_DAY = 24.0
 #: The levers ``measure_levers`` can measure, by the name a user asks for them.
 LEVER_NAMES = ("batch", "cache", "output-tokens")
@@ -297,7 +304,7 @@ def _size(config: Config, pool: PoolConfig, profile: CapacityProfile, traffic: T
     served = True
     headroom = 1.0
     for t, lam in curve:
-        need = math.ceil(lam / mu - 1e-9) if mu > 0 else (0 if lam <= 0 else math.inf)
+        need = replicas_needed(max(0.0, lam), mu) if mu > 0 else (0 if lam <= 0 else math.inf)
         n_f = max(float(need), float(pool.min_replicas))
         if cap is not None:
             n_f = min(n_f, float(cap))
@@ -324,8 +331,8 @@ def _size(config: Config, pool: PoolConfig, profile: CapacityProfile, traffic: T
     notes.extend(gaps)
     if not required:
         notes.append(f"pool {pool.name!r} has no latency SLO: any profile counts")
-    gpu_hours = math.fsum(n for _, n in replicas) * step_s / _SECONDS_PER_HOUR \
-        * profile.identity.gpus_per_replica
+    gpu_hours = gpu_hours_of(math.fsum(n for _, n in replicas) * step_s,
+                             profile.identity.gpus_per_replica)
     price = config.prices[profile.identity.gpu]
     per_day = gpu_hours * price
     per_month = per_day * config.capacity.hours_per_month / _HOURS_PER_DAY

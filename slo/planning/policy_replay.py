@@ -28,6 +28,12 @@ the steady state of its load: queues do not carry over from one tick to the next
 overloaded tick is as bad as ``level_s`` of that overload), and the TTFT signal is the
 tick's, not a 5-minute window's.
 
+Who uses it: no command; the benchmark ``bench/plan_bench.py`` replays a day through both
+policies with it. It stays in the package rather than beside that benchmark because the test
+suite checks it as well (``tests/test_policy_replay.py``: spin-up, billing, level capacity,
+the lower bound), and what it replays is the package's own (``slo.scaling.policy.decide``,
+``slo.planning.replica``), so it changes with them.
+
 Units: seconds, requests per second, GPU-hours; ratios 0-1.
 """
 

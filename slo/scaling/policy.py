@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from vigil.capacity import CapacityProfile
+from vigil.capacity import CapacityProfile, ceil_replicas, replicas_needed
 from vigil.config import PoolConfig, ScalingConfig
 from vigil.durations import format_duration
 
@@ -59,6 +59,7 @@ __all__ = [
     "Recommendation",
     "Timeline",
     "Trend",
+    "action_of",
     "decide",
     "fit_window_for",
     "latest",
@@ -107,11 +108,6 @@ SIGNAL_LABELS = {
     SIGNAL_TTFT: "TTFT",
 }
 
-# ceil() of a ratio such as 1.9999999999999998 (0.8 × 0.8 is 0.6400000000000001) must not
-# add a replica for float noise: round to this many decimals first.
-_CEIL_DECIMALS = 9
-
-
 def fit_window_for(scaling: ScalingConfig) -> float:
     """The least-squares fit window (seconds): at least ``DEFAULT_FIT_WINDOW_S`` and at least
     the spin-up time, so that we never extrapolate further ahead than we have looked back."""
@@ -149,7 +145,7 @@ class CapacitySizing:
     def replicas_for(self, rps: float) -> int:
         """``ceil(rps / rps_per_replica)``: replicas that serve ``rps`` requests/s (rounded
         to 9 decimals first, so that float noise does not add a replica)."""
-        return max(0, math.ceil(round(rps / self.rps_per_replica, _CEIL_DECIMALS)))
+        return replicas_needed(max(0.0, rps), self.rps_per_replica)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""
@@ -457,7 +453,7 @@ def _ratio(value: float, threshold: float) -> float | None:
 def _desired_out(current: int, ratio: float | None, pool: PoolConfig) -> int:
     target = current + 1
     if ratio is not None and math.isfinite(ratio):
-        target = max(target, math.ceil(round(current * ratio, _CEIL_DECIMALS)))
+        target = max(target, ceil_replicas(current * ratio))
     return min(max(target, pool.min_replicas), pool.max_replicas)
 
 
@@ -493,7 +489,8 @@ def _capacity_reason(capacity: CapacitySizing, rate_pts: Timeline, rate_now: flo
     )
 
 
-def _action(current: int, desired: int) -> Action:
+def action_of(current: int, desired: int) -> Action:
+    """``scale_out`` when ``desired > current``, ``scale_in`` when below, else ``hold``."""
     if desired > current:
         return "scale_out"
     if desired < current:
@@ -595,7 +592,7 @@ def _size_out(current: int, pool: PoolConfig, triggers: _Triggers,
     proportional = 0
     pressure = triggers.pressure
     if pressure is not None and math.isfinite(pressure[0]):
-        proportional = math.ceil(round(current * pressure[0], _CEIL_DECIMALS))
+        proportional = ceil_replicas(current * pressure[0])
         if proportional > max(needed, current + 1):
             extra.append(Reason(SIGNAL_PROPORTIONAL, float(current), pressure[0], None,
                                 "×", replicas=proportional, of=pressure[1]))
@@ -725,7 +722,7 @@ def decide(
     def result(desired: int, reasons: list[Reason]) -> Recommendation:
         return Recommendation(
             pool=pool.name, current=current, desired=desired,
-            action=_action(current, desired), reasons=reasons,
+            action=action_of(current, desired), reasons=reasons,
             next_decision_at=next_at, signals=dict(values), capacity=capacity,
         )
 

@@ -44,10 +44,11 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from slo.objectives.sli import pool_series, replica_label, vllm_up_matchers
+from slo.objectives.sli import pool_series, replica_label, replica_of, vllm_up_matchers
 from slo.promql.lookup import LOOKBACK_DELTA_S, Semantics, duration_ms, eval_time_ms, semantics_of
 from slo.promql.quantile import histogram_quantile
 from slo.scaling.policy import (
@@ -60,7 +61,13 @@ from slo.scaling.policy import (
 )
 from slo.sources.protocol import Matchers, Source
 from vigil.config import Config, PoolConfig, ScalingConfig
-from vigil.conventions import SERIES_UP, VLLM_REQUEST_SUCCESS
+from vigil.conventions import (
+    SERIES_UP,
+    VLLM_KV_CACHE_USAGE,
+    VLLM_REQUEST_SUCCESS,
+    VLLM_REQUESTS_WAITING,
+    VLLM_TTFT,
+)
 from vigil.model import Labels
 
 __all__ = [
@@ -74,25 +81,28 @@ __all__ = [
     "current_replicas",
     "kv_usage_at",
     "kv_usage_by_pool_replica",
+    "kv_usage_by_replica",
+    "kv_usage_of_fleet",
     "last_scale_in_at",
     "last_scale_out_at",
     "pool_matchers",
+    "pool_mean_max",
     "pool_signals",
     "queue_length_at",
     "rate_window_for",
     "recommend_for_pool",
     "replica_changes",
-    "replica_of",
+    "replica_mean",
     "request_rate_at",
     "sample_times",
     "ttft_quantile_at",
     "ttft_threshold_for",
 ]
 
-KV_METRIC = "vllm:kv_cache_usage_perc"
-QUEUE_METRIC = "vllm:num_requests_waiting"
+KV_METRIC = VLLM_KV_CACHE_USAGE
+QUEUE_METRIC = VLLM_REQUESTS_WAITING
 #: The histogram's base name; the source adds ``_bucket``.
-TTFT_METRIC = "vllm:time_to_first_token_seconds"
+TTFT_METRIC = VLLM_TTFT
 #: The counter of finished requests the request rate is the rate of.
 REQUEST_METRIC = VLLM_REQUEST_SUCCESS
 #: Seconds between samples of a signal timeline: the default scrape interval.
@@ -124,14 +134,6 @@ def sample_times(at_s: float, span_s: float, step_s: float) -> list[float]:
     return [at_s - k * step_s for k in range(n, -1, -1)]
 
 
-def replica_of(labels: Labels, label: str) -> str:
-    """The value of the replica label ``label`` in ``labels`` ("" without it)."""
-    for k, v in labels:
-        if k == label:
-            return v
-    return ""
-
-
 def rate_window_for(step_s: float) -> float:
     """The request-rate window (seconds): 1 minute, or 4 samples when they are further
     apart (a rate over fewer samples jumps with every scrape's jitter)."""
@@ -152,39 +154,58 @@ def request_rate_at(source: Source, pool: PoolConfig, at_s: float, window_s: flo
     return value / window_s
 
 
-def kv_usage_at(source: Source, pool: PoolConfig, at_s: float) -> tuple[float, float] | None:
-    """``(mean, max)`` over the pool's replicas of KV-cache usage (ratio 0-1) at ``at_s``.
+def replica_mean(values: Iterable[float]) -> float | None:
+    """One replica's value from its series' (one per data-parallel engine): the mean of the
+    finite ones, ``math.fsum / n`` (correctly rounded, so the series' order does not matter);
+    None without one. The arithmetic of every per-replica figure: the status, the scaling
+    signals, the KvCacheUsageHigh alert of `vigil serve` and of the dashboard, the backtest."""
+    finite = [v for v in values if math.isfinite(v)]
+    return math.fsum(finite) / len(finite) if finite else None
 
-    Each replica's value (replicas told apart by ``slo.objectives.sli.replica_label``) is the mean
-    of its series (several with data-parallel engines). None when no replica reports a finite value
-    within the lookback.
-    """
+
+def pool_mean_max(per_replica: Mapping[str, float]) -> tuple[float, float] | None:
+    """``(mean, max)`` over replicas of their values (``math.fsum / n``); None without one."""
+    if not per_replica:
+        return None
+    values = list(per_replica.values())
+    return math.fsum(values) / len(values), max(values)
+
+
+def kv_usage_by_replica(source: Source, pool: PoolConfig, at_s: float) -> dict[str, float]:
+    """``{replica: KV-cache usage}`` (ratio 0-1) at ``at_s``: each replica (told apart by
+    ``slo.objectives.sli.replica_label``) the ``replica_mean`` of its series; a replica with
+    no finite value is absent."""
     label = replica_label(pool, source)
     per_replica: dict[str, list[float]] = defaultdict(list)
     for labels, value in source.instant(KV_METRIC, pool_matchers(pool, source), at_s).items():
-        if math.isfinite(value):
-            per_replica[replica_of(labels, label)].append(value)
-    if not per_replica:
-        return None
-    replicas = [math.fsum(vs) / len(vs) for _, vs in sorted(per_replica.items())]
-    return math.fsum(replicas) / len(replicas), max(replicas)
+        per_replica[replica_of(labels, label)].append(value)
+    return {r: m for r, vs in sorted(per_replica.items())
+            if (m := replica_mean(vs)) is not None}
+
+
+def kv_usage_at(source: Source, pool: PoolConfig, at_s: float) -> tuple[float, float] | None:
+    """``(mean, max)`` over the pool's replicas of KV-cache usage (ratio 0-1) at ``at_s``
+    (``kv_usage_by_replica``); None when no replica reports a finite value within the
+    lookback."""
+    return pool_mean_max(kv_usage_by_replica(source, pool, at_s))
 
 
 def kv_usage_by_pool_replica(source: Source, pool: PoolConfig, at_s: float
                              ) -> dict[tuple[str, str], float]:
-    """``{(pool name, replica): mean usage}`` (ratio 0-1) at ``at_s``, the shape
-    ``alerts.conditions.kv_usage_by_replica`` gives and the KvCacheUsageHigh condition reads:
-    a replica (``slo.objectives.sli.replica_label``) with several engines counts once with their
-    mean; NaN values are skipped. Series in a Prometheus carry no ``pool`` label, so the pool is
-    the one whose series were read."""
-    label = replica_label(pool, source)
-    groups: dict[tuple[str, str], list[float]] = {}
-    for labels, value in source.instant(KV_METRIC, pool_matchers(pool, source), at_s).items():
-        if value != value:  # NaN never crosses a threshold
-            continue
-        groups.setdefault((pool.name, replica_of(labels, label)), []).append(float(value))
-    # sum / len, as kv_usage_by_replica averages, so both give the same float.
-    return {k: sum(v) / len(v) for k, v in groups.items()}
+    """``{(pool name, replica): usage}``: ``kv_usage_by_replica`` keyed as the KvCacheUsageHigh
+    condition reads it (``alerts.conditions.evaluate_conditions``' ``kv_usage``). Series in a
+    Prometheus carry no ``pool`` label, so the pool is the one whose series were read."""
+    return {(pool.name, r): v for r, v in kv_usage_by_replica(source, pool, at_s).items()}
+
+
+def kv_usage_of_fleet(config: Config, source: Source, at_s: float
+                      ) -> dict[tuple[str, str], float]:
+    """Every pool's ``kv_usage_by_pool_replica``: what the KvCacheUsageHigh condition reads,
+    in `vigil serve` and on the dashboard alike."""
+    out: dict[tuple[str, str], float] = {}
+    for pool in config.pools:
+        out.update(kv_usage_by_pool_replica(source, pool, at_s))
+    return out
 
 
 def queue_length_at(source: Source, pool: PoolConfig, at_s: float) -> float | None:

@@ -52,6 +52,7 @@ __all__ = [
     "Source",
     "is_external",
     "matchers_of",
+    "source_kind",
     "with_equal",
 ]
 
@@ -59,6 +60,13 @@ __all__ = [
 #: ``Selector`` with any operator (``namespace="llm", pod=~"chat-.*"``). An empty value matches
 #: series without that label, as in PromQL.
 Matchers: TypeAlias = Mapping[str, str] | Selector
+
+
+def source_kind(source: object) -> str:
+    """What a source is (``"embedded"``, ``"prometheus"``): its ``kind`` attribute, which both
+    sources define; a test double without one is named by its class."""
+    kind = getattr(source, "kind", None)
+    return kind if isinstance(kind, str) and kind else type(source).__name__
 
 
 def matchers_of(selector: Selector) -> Matchers:

@@ -27,6 +27,10 @@ POOL_SIZE = 2
 
 _T = TABLE
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM {_T}"
+#: The columns of a RequestRecord, in its fields' order (``error`` derived from the class).
+_RECORD_SELECT = (f"SELECT id, ts_s, pool, model, endpoint, prompt_tokens, completion_tokens, "
+                  f"ttft_s, e2e_s, tenant, tier, error_class, cache_hit, cost_usd, saved_usd, "
+                  f"tokens_source, status, cached_tokens, replica, queue_s FROM {_T}")
 
 
 class GatewayRecords:
@@ -116,13 +120,13 @@ class GatewayRecords:
 
     def records(self, pool: str, at_s: float, window_s: float) -> Iterable[RequestRecord]:
         """``slo.sources.protocol.RequestLog``: the pool's requests that finished in
-        ``(at_s - window_s, at_s]`` (Unix seconds)."""
-        return [RequestRecord(
-            id=r.id, ts_s=r.ts_s, pool=r.pool, model=r.model, endpoint=r.endpoint,
-            prompt_tokens=r.prompt_tokens, generated_tokens=r.completion_tokens,
-            ttft_s=r.ttft_s, e2e_s=r.e2e_s, error=r.error_class in ERROR_SERVER_CLASSES,
-            tenant=r.tenant, tier=r.tier, error_class=r.error_class, cache_hit=r.cache_hit,
-            cost_usd=r.cost_usd, saved_usd=r.saved_usd, tokens_source=r.tokens_source,
-            status=r.status, cached_tokens=r.cached_tokens, replica=r.replica,
-            queue_s=r.queue_s)
-            for r in self.rows(pool, at_s, window_s)]
+        ``(at_s - window_s, at_s]`` (Unix seconds), oldest first."""
+        # Only the columns a RequestRecord holds, built straight from each row: a month's
+        # chargeback reads a million of them.
+        found = self._query(f"{_RECORD_SELECT} WHERE ts_s > ? AND ts_s <= ? AND pool = ? "
+                            "ORDER BY ts_s, id", (at_s - window_s, at_s, pool))
+        server = frozenset(ERROR_SERVER_CLASSES)
+        return [RequestRecord(i, ts, p, m, ep, pt, ct, ttft, e2e, ec in server, ten, tier, ec,
+                              hit, cost, saved, src, status, cached, rep, queue)
+                for (i, ts, p, m, ep, pt, ct, ttft, e2e, ten, tier, ec, hit, cost, saved, src,
+                     status, cached, rep, queue) in found]

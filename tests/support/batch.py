@@ -26,10 +26,11 @@ import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
-from serving.gateway.batch import BatchQueue, BatchRequest
-from serving.gateway.types import TIER_PRIORITY, Caller, PoolLoad
+from serving.gateway.batch.queue import BatchQueue, BatchRequest
+from serving.gateway.tiers import Caller, PoolLoad
 from slo.planning.replica.profiles import DEFAULT_MODEL
 from vigil.config import BatchConfig
+from vigil.conventions import TIER_PRIORITY
 
 T = TypeVar("T")
 

@@ -179,7 +179,7 @@ def record(r: Req) -> GatewayRecord:
 
 def write_records(path: Path, requests: tuple[Req, ...] = REQUESTS) -> None:
     """The records, each written by its own instance's ``RecordWriter`` into one file."""
-    from serving.gateway.records import RecordWriter
+    from serving.gateway.telemetry.record_writer import RecordWriter
 
     for writer_name in sorted({r.writer for r in requests}):
         w = RecordWriter(path)

@@ -18,7 +18,6 @@ status --json` answers for the same store and time.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 from collector.store import Store
@@ -31,9 +30,9 @@ from support.fleet import (
     OTHER_MODEL,
     TOKENS_LE,
     TTFT_LE,
+    Fleet,
     le_strings,
 )
-from vigil.model import SeriesKey, labels_of
 
 AT = 1_795_000_000.0
 STEP_S = 30.0
@@ -77,41 +76,7 @@ def _load(pool: str, i: int, steps: int) -> float:
     return 14.0 + 22.0 * ramp + 2.0 * math.sin(i / 17.0)
 
 
-@dataclass
-class _Writer:
-    store: Store
-    steps: int
-    rows: list[tuple[SeriesKey, str, int, float | None]]
-
-    def ts(self, i: int) -> int:
-        return round((AT - (self.steps - 1 - i) * STEP_S) * 1000)
-
-    def gauge(self, name: str, labels: dict[str, str], values: list[float | None]) -> None:
-        key = SeriesKey(name, labels_of(labels))
-        self.rows += [(key, "gauge", self.ts(i), v) for i, v in enumerate(values)]
-
-    def counter(self, name: str, labels: dict[str, str], increments: list[float],
-                family: str = "counter") -> None:
-        key = SeriesKey(name, labels_of(labels))
-        total = 1000.0  # history before the first sample: no zero-point extrapolation cap
-        for i, inc in enumerate(increments):
-            total += inc
-            self.rows += [(key, family, self.ts(i), total)]
-
-    def histogram(self, base: str, labels: dict[str, str], bounds: list[str],
-                  observations: list[list[float]]) -> None:
-        for le in bounds:
-            b = float(le)
-            self.counter(base + "_bucket", {**labels, "le": le},
-                         [float(sum(1 for v in obs if v <= b)) for obs in observations],
-                         "histogram")
-        self.counter(base + "_sum", labels, [math.fsum(obs) for obs in observations],
-                     "histogram")
-        self.counter(base + "_count", labels, [float(len(obs)) for obs in observations],
-                     "histogram")
-
-
-def _replica(w: _Writer, pool: str, model: str, instance: str, n: int) -> None:
+def _replica(w: Fleet, pool: str, model: str, instance: str, n: int) -> None:
     steps = w.steps
     target = {"instance": instance, "pool": pool, "kind": "vllm"}
     labels = {**target, "engine": "0", "model_name": model}
@@ -137,43 +102,44 @@ def _replica(w: _Writer, pool: str, model: str, instance: str, n: int) -> None:
                "abort": [1.0 if s and i % 5 == 0 else 0.0 for i, s in enumerate(served)],
                "error": errors, "repetition": [0.0] * steps}
     for reason in FINISHED_REASONS:
-        w.counter("vllm:request_success_total", {**labels, "finished_reason": reason},
-                  reasons[reason])
+        w.running_total("vllm:request_success_total", {**labels, "finished_reason": reason},
+                        reasons[reason])
     # vLLM's API server answers each (unstreamed) error with a 500: one request, counted once.
     for status, counts in (("2xx", [s - e for s, e in zip(served, errors, strict=True)]),
                            ("5xx", errors)):
-        w.counter("http_requests_total", {**target, "handler": "/v1/chat/completions",
-                                          "method": "POST", "status": status}, counts)
+        w.running_total("http_requests_total", {**target, "handler": "/v1/chat/completions",
+                                                "method": "POST", "status": status}, counts)
     every = 40 if pool == "chat" else 90  # a rare very long generation: a token anomaly
     gen = [[150.0] * int(s) + ([12000.0] if i % every == 0 and s else [])
            for i, s in enumerate(served)]
-    w.counter("vllm:generation_tokens_total", labels, [math.fsum(g) for g in gen])
+    w.running_total("vllm:generation_tokens_total", labels, [math.fsum(g) for g in gen])
     # Latency grows with load; the batch pool is fast.
     slow = [(1.0 + 0.02 * max(0.0, x - 20)) * (0.5 if pool == "batch" else 1.0) for x in loads]
-    w.histogram("vllm:time_to_first_token_seconds", labels, TTFT_LE,
-                [[0.05 * k] * int(s * 0.6) + [0.3 * k] * int(s * 0.3) + [0.9 * k] * (
-                    int(s) - int(s * 0.6) - int(s * 0.3)) for s, k in zip(served, slow,
-                                                                          strict=True)])
-    w.histogram("vllm:e2e_request_latency_seconds", labels, LATENCY_LE,
-                [[2.0 * k] * int(s * 0.8) + [6.0 * k] * (int(s) - int(s * 0.8))
-                 for s, k in zip(served, slow, strict=True)])
-    w.histogram("vllm:request_queue_time_seconds", labels, LATENCY_LE,
-                [[0.1 * k] * int(s) for s, k in zip(served, slow, strict=True)])
-    w.histogram("vllm:inter_token_latency_seconds", labels, ITL_LE,
-                [[0.02] * int(s) for s in served])
-    w.histogram("vllm:request_generation_tokens", labels, TOKENS_LE, gen)
-    w.histogram("vllm:request_prompt_tokens", labels, TOKENS_LE,
-                [[400.0] * int(s) for s in served])
-    w.histogram("vllm:iteration_tokens_total", labels, ITERATION_LE,
-                [[16.0] * 20 + [128.0] * int(s) + [600.0] * 3 for s in served])
-    w.counter("vllm:num_preemptions_total", labels,
-              [1.0 if k > 1.2 and i % 3 == 0 else 0.0 for i, k in enumerate(slow)])
-    w.counter("vllm:prefix_cache_queries_total", labels, [400.0 * s for s in served])
-    w.counter("vllm:prefix_cache_hits_total", labels, [180.0 * s for s in served])
+    w.observed("vllm:time_to_first_token_seconds", labels, TTFT_LE,
+               [[0.05 * k] * int(s * 0.6) + [0.3 * k] * int(s * 0.3) + [0.9 * k] * (
+                   int(s) - int(s * 0.6) - int(s * 0.3)) for s, k in zip(served, slow,
+                                                                         strict=True)])
+    w.observed("vllm:e2e_request_latency_seconds", labels, LATENCY_LE,
+               [[2.0 * k] * int(s * 0.8) + [6.0 * k] * (int(s) - int(s * 0.8))
+                for s, k in zip(served, slow, strict=True)])
+    w.observed("vllm:request_queue_time_seconds", labels, LATENCY_LE,
+               [[0.1 * k] * int(s) for s, k in zip(served, slow, strict=True)])
+    w.observed("vllm:inter_token_latency_seconds", labels, ITL_LE,
+               [[0.02] * int(s) for s in served])
+    w.observed("vllm:request_generation_tokens", labels, TOKENS_LE, gen)
+    w.observed("vllm:request_prompt_tokens", labels, TOKENS_LE,
+               [[400.0] * int(s) for s in served])
+    w.observed("vllm:iteration_tokens_total", labels, ITERATION_LE,
+               [[16.0] * 20 + [128.0] * int(s) + [600.0] * 3 for s in served])
+    w.running_total("vllm:num_preemptions_total", labels,
+                    [1.0 if k > 1.2 and i % 3 == 0 else 0.0 for i, k in enumerate(slow)])
+    w.running_total("vllm:prefix_cache_queries_total", labels, [400.0 * s for s in served])
+    w.running_total("vllm:prefix_cache_hits_total", labels, [180.0 * s for s in served])
     if pool == "chat":
-        w.counter("vllm:spec_decode_num_draft_tokens_total", labels, [300.0 * s for s in served])
-        w.counter("vllm:spec_decode_num_accepted_tokens_total", labels,
-                  [210.0 * s for s in served])
+        w.running_total("vllm:spec_decode_num_draft_tokens_total", labels,
+                        [300.0 * s for s in served])
+        w.running_total("vllm:spec_decode_num_accepted_tokens_total", labels,
+                        [210.0 * s for s in served])
     gpu = {"instance": f"{instance}-gpu", "pool": pool, "kind": "dcgm", "gpu": "0",
            "modelName": "NVIDIA H100 80GB HBM3"}
     w.gauge("up", {"instance": gpu["instance"], "pool": pool, "kind": "dcgm"}, up)
@@ -183,13 +149,12 @@ def _replica(w: _Writer, pool: str, model: str, instance: str, n: int) -> None:
 
 def seed_store(path: Path) -> None:
     """Write the story above into a new store at ``path``."""
-    steps = int(SPAN_S // STEP_S) + 1
     with Store(path) as store:
-        w = _Writer(store, steps, [])
+        w = Fleet(store, span_s=SPAN_S, step_s=STEP_S, at=AT)
         for pool, (model, _, replicas) in POOLS.items():
             for n, instance in enumerate(replicas):
                 _replica(w, pool, model, instance, n)
-        store.write(w.rows)
+        w.flush()
         # What the collector's periodic compaction leaves: samples in the main table and the
         # counter rollup, so long windows read as they do in production.
         store.compact(now=AT + 120)
@@ -199,7 +164,7 @@ def seed_gateway(path: Path) -> int:
     """Gateway records of the last hour, written by the gateway's ``RecordWriter``: three
     tiers, cache hits with savings, error classes, and one 60,000-token request (an exact
     anomaly). Returns how many."""
-    from serving.gateway.records import RecordWriter
+    from serving.gateway.telemetry.record_writer import RecordWriter
     from vigil.storage.gateway_records import GatewayRecord
 
     writer = RecordWriter(path)

@@ -7,7 +7,10 @@ so that expected values can be computed by hand.
 Time grid: samples every ``STEP_S`` seconds ending exactly at ``AT``; a window that is a
 multiple of the step then holds whole steps, and ``increase`` over it equals
 ``per-step increment × window / step`` exactly (the counters start well above 0, so the
-zero-point cap of extrapolation never applies).
+zero-point cap of extrapolation never applies). A ``Fleet`` may take another step and end
+(``step_s``, ``at``), and counters that grow differently every step (``running_total``,
+``observed``): the dashboard's seeded story (``dashboard_seed``) and the forecast's days of
+history (``history``) are written with it too.
 """
 
 from __future__ import annotations
@@ -69,19 +72,22 @@ def vllm_labels(instance: str, pool: str = "chat", model: str = MODEL,
 
 @dataclass
 class Fleet:
-    """Writes synthetic series ending at ``AT`` into ``store`` (call ``flush()`` at the end)."""
+    """Writes synthetic series into ``store``, a sample every ``step_s`` over ``span_s``
+    ending exactly at ``at`` (call ``flush()`` at the end)."""
 
     store: Store
     span_s: float = 3900.0  # 65 min: every window up to 1 h is fully covered
     rows: list[Row] = field(default_factory=list)
+    step_s: float = STEP_S
+    at: float = AT
 
     @property
     def steps(self) -> int:
-        return int(self.span_s // STEP_S) + 1
+        return int(self.span_s // self.step_s) + 1
 
     def ts_ms(self, i: int) -> int:
-        """Timestamp (ms) of step ``i``: the last step is exactly ``AT``."""
-        return round((AT - (self.steps - 1 - i) * STEP_S) * 1000)
+        """Timestamp (ms) of step ``i``: the last step is exactly ``at``."""
+        return round((self.at - (self.steps - 1 - i) * self.step_s) * 1000)
 
     def series(self, name: str, labels: dict[str, str], family: str, per_step: PerStep,
                steps: Iterable[int] | None = None) -> None:
@@ -89,7 +95,12 @@ class Fleet:
         for i in range(self.steps) if steps is None else steps:
             self.rows.append((key, family, self.ts_ms(i), per_step(i)))
 
-    def gauge(self, name: str, labels: dict[str, str], value: float | PerStep) -> None:
+    def gauge(self, name: str, labels: dict[str, str],
+              value: float | PerStep | Sequence[float | None]) -> None:
+        """A gauge: one value throughout, a value per step (a function of the step or a
+        sequence of them)."""
+        if isinstance(value, Sequence):
+            value = value.__getitem__
         per_step = value if callable(value) else (lambda _i, v=float(value): v)
         self.series(name, labels, "gauge", per_step)
 
@@ -97,6 +108,20 @@ class Fleet:
                 family: str = "counter") -> None:
         """A counter growing by ``per_step`` each step, with ``HISTORY_STEPS`` of history."""
         self.series(name, labels, family, lambda i: (HISTORY_STEPS + i) * per_step)
+
+    def running_total(self, name: str, labels: dict[str, str], increments: Sequence[float],
+                      family: str = "counter", *, start: float = 1000.0,
+                      steps: Iterable[int] | None = None) -> None:
+        """A counter at ``start`` plus ``increments[0]`` at step 0, growing by
+        ``increments[i]`` at step ``i`` (written at ``steps``, every step by default).
+        ``start`` stands for the history before the first sample, so that no zero-point
+        extrapolation cap applies."""
+        totals: list[float] = []
+        total = start
+        for inc in increments:
+            total += inc
+            totals.append(total)
+        self.series(name, labels, family, totals.__getitem__, steps)
 
     def up(self, instance: str, pool: str = "chat", value: float | PerStep = 1.0) -> None:
         self.gauge("up", target_labels(instance, pool), value)
@@ -110,6 +135,19 @@ class Fleet:
             self.counter(base + "_bucket", {**labels, "le": le}, n, "histogram")
         self.counter(base + "_sum", labels, math.fsum(per_step), "histogram")
         self.counter(base + "_count", labels, len(per_step), "histogram")
+
+    def observed(self, base: str, labels: dict[str, str], bounds: Sequence[str],
+                 observations: Sequence[Sequence[float]]) -> None:
+        """A vLLM histogram whose step ``i`` observes the values ``observations[i]``."""
+        for le in bounds:
+            bound = float(le)
+            self.running_total(base + "_bucket", {**labels, "le": le},
+                               [float(sum(1 for v in obs if v <= bound)) for obs in observations],
+                               "histogram")
+        self.running_total(base + "_sum", labels, [math.fsum(obs) for obs in observations],
+                           "histogram")
+        self.running_total(base + "_count", labels,
+                           [float(len(obs)) for obs in observations], "histogram")
 
     def requests(self, labels: dict[str, str], per_step: dict[str, float]) -> None:
         """``vllm:request_success_total`` for every finished_reason (absent ones stay 0, as

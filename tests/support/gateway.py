@@ -24,10 +24,10 @@ import httpx
 import openai
 import uvicorn
 
-from serving.gateway.app import create_app
-from serving.gateway.auth import key_sha256
-from serving.gateway.pipeline import Gateway
-from serving.gateway.server_http import protocol
+from serving.gateway.front.api_keys import key_sha256
+from serving.gateway.front.app import create_app
+from serving.gateway.front.uvicorn_protocol import protocol
+from serving.gateway.gateway import Gateway
 from slo.planning.replica.profiles import DEFAULT_MODEL
 from slo.sources.request_log import GatewayRecords
 from support.loopback import free_port

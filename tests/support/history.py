@@ -8,7 +8,7 @@ from collector.store import Store
 from slo.planning.forecast import (
     SECONDS_PER_DAY,
 )
-from vigil.model import SeriesKey, labels_of
+from support.fleet import Fleet
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -29,21 +29,16 @@ def write_history(store: Store, days: int, rate: Callable[[int, int], float],
                   skip: Callable[[float], bool] = lambda _t: False) -> None:
     """``vllm:request_success_total`` of one replica every ``SAMPLE_S`` over ``days`` days
     before ``AT``, growing at ``rate(day, hour)`` requests/s."""
-    key = SeriesKey("vllm:request_success_total", labels_of({
-        "pool": "chat", "kind": "vllm", "instance": "chat-0", "model_name": MODEL,
-        "finished_reason": "stop"}))
+    fleet = Fleet(store, span_s=days * SECONDS_PER_DAY, step_s=SAMPLE_S, at=AT)
     start = AT - days * SECONDS_PER_DAY
-    value = 1e6  # far from 0: no extrapolation towards a counter start
-    rows = []
-    n = int(days * SECONDS_PER_DAY // SAMPLE_S)
-    for k in range(n + 1):
-        t = start + k * SAMPLE_S
-        if k:
-            # The increment since the previous sample belongs to the step it ends in.
-            t0 = t - SAMPLE_S
-            day = int((t0 - start) // SECONDS_PER_DAY)
-            hour = int((t0 % SECONDS_PER_DAY) // 3600)
-            value += rate(day, hour) * SAMPLE_S
-        if not skip(t):
-            rows.append((key, "counter", round(t * 1000), value))
-    store.write(rows)
+    times = [start + k * SAMPLE_S for k in range(fleet.steps)]
+    # The increment since the previous sample belongs to the step it ends in.
+    increments = [0.0] + [
+        rate(int((t0 - start) // SECONDS_PER_DAY), int((t0 % SECONDS_PER_DAY) // 3600))
+        * SAMPLE_S for t0 in times[:-1]]
+    labels = {"pool": "chat", "kind": "vllm", "instance": "chat-0", "model_name": MODEL,
+              "finished_reason": "stop"}
+    # Far from 0: no extrapolation towards a counter start.
+    fleet.running_total("vllm:request_success_total", labels, increments, start=1e6,
+                        steps=[k for k, t in enumerate(times) if not skip(t)])
+    fleet.flush()

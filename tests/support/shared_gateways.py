@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import openai
 
-from serving.gateway.auth import key_sha256
+from serving.gateway.front.api_keys import key_sha256
 from support.gateway import KEYS, MODEL, POOL, STANDARD
 from support.loopback import free_port
 from vigil.storage.database import is_postgres_url

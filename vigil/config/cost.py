@@ -12,6 +12,10 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from vigil.config.base import Duration, Ratio, Section
+from vigil.conventions import TIER_PREMIUM, Tier
+
+#: The tiers whose headroom idle time keeps, by default: premium never waits.
+_RESERVED_TIERS: tuple[Tier, ...] = (TIER_PREMIUM,)
 
 #: Where a pool's idle GPU time is billed: to the platform (its own line), to the pool's
 #: tenants in proportion to what they used, or to the tenants of ``[cost] idle_tiers`` (the
@@ -23,8 +27,6 @@ Capacity = Literal["on_demand", "reserved", "spot"]
 #: What the gateway does with a new request of a tenant over budget: nothing, send it to the
 #: batch tier, or refuse it with an OpenAI-style 429 that names the budget.
 Enforcement = Literal["off", "demote", "refuse"]
-TierName = Literal["premium", "standard", "batch"]
-_PREMIUM: TierName = "premium"
 
 
 def parse_since(value: str, tz: str) -> float:
@@ -112,7 +114,7 @@ class CostConfig(Section):
     #: Where idle GPU time goes (see ``IdlePolicy``).
     idle: IdlePolicy = "platform"
     #: With ``idle = "tiers"``: the tiers whose tenants carry the idle time.
-    idle_tiers: list[TierName] = Field(default_factory=lambda: [_PREMIUM])
+    idle_tiers: list[Tier] = Field(default_factory=lambda: list(_RESERVED_TIERS))
     #: Tenants that reach the pools through another router (their records arrive over
     #: OpenTelemetry) and so are in no ``[[gateway.api_keys]]``: budgets may name them.
     tenants: list[str] = []

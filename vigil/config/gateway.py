@@ -12,8 +12,7 @@ from pydantic import (
 )
 
 from vigil.config.base import Duration, Ratio, Section, check_http_url, refuse_password
-
-Tier = Literal["premium", "standard", "batch"]
+from vigil.conventions import Tier
 
 
 class ApiKeyConfig(Section):

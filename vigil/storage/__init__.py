@@ -6,6 +6,6 @@
   database;
 - ``database``: that interface, the SQL subset both accept, numbered schema steps, the
   advisory-lock key;
-- ``batches``: writing a batch, and the one policy for a row the database refuses;
+- ``split_writes``: writing a batch, and the one policy for a row the database refuses;
 - ``gateway_records``: the request log's table, which the gateway writes and the engine reads.
 """

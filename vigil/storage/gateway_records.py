@@ -3,7 +3,7 @@ conversion of a record to a row and back.
 
 One row per request that reached the gateway, including refusals (401, 400, 404, 413, 429) and
 cancellations; see docs/gateway.md for the columns. The gateway writes them
-(``serving.gateway.records.RecordWriter``) and the engine reads them
+(``serving.gateway.telemetry.record_writer.RecordWriter``) and the engine reads them
 (``slo.sources.request_log.GatewayRecords``): both take the table from here, so that neither
 imports the other. The table lives in the gateway's database (``[gateway] database``: a
 PostgreSQL URL that several gateway instances share, else the SQLite file ``records_path``).

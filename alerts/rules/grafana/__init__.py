@@ -6,13 +6,6 @@ dashboards (SLO overview, SLO detail, fleet, cost), ``output`` the JSON files or
 objects (Grafana sidecar ConfigMaps, Grafana Operator dashboards).
 """
 
-from alerts.rules.grafana.output import (
-    GrafanaOptions,
-    GrafanaOutput,
-    generate_grafana,
-    panel_queries,
-    variable_queries,
-)
+from alerts.rules.grafana.output import GrafanaOptions, GrafanaOutput, generate_grafana
 
-__all__ = ["GrafanaOptions", "GrafanaOutput", "generate_grafana", "panel_queries",
-           "variable_queries"]
+__all__ = ["GrafanaOptions", "GrafanaOutput", "generate_grafana"]

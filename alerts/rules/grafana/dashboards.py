@@ -47,6 +47,7 @@ from alerts.rules.pipeline import RulesResult
 from alerts.rules.promql import number
 from slo.objectives.burn_rate import slo_burn_alerts
 from slo.objectives.quantiles import QUANTILES, quantile_key
+from slo.objectives.sli import replica_label
 from vigil.config import PoolConfig
 from vigil.conventions import (
     ALERT_ERROR_BUDGET_BURN,
@@ -397,7 +398,7 @@ def cost(result: RulesResult) -> dashboard.Dashboard:
         by = q.by_pool(pool)
         running = q.series(pool, VLLM_REQUESTS_RUNNING)
         # One value per replica (its data-parallel engines summed), 1 when nothing runs.
-        replica = ", ".join(filter(None, (by, q.replica(pool))))
+        replica = ", ".join(filter(None, (by, replica_label(pool, external=True))))
         return f"avg by ({by}) (sum by ({replica}) ({running}) == bool 0)"
 
     d = d.with_panel(timeseries_panel(

@@ -38,8 +38,6 @@ __all__ = [
     "GrafanaOutput",
     "dashboard_json",
     "generate_grafana",
-    "panel_queries",
-    "variable_queries",
 ]
 
 #: ``--operator``: the Grafana sidecar's ConfigMaps, or the Grafana Operator's dashboards.
@@ -141,26 +139,3 @@ def generate_grafana(result: RulesResult, options: GrafanaOptions | None = None
                           file=result.config.source or None, key="slos")
     boards = build(result)
     return GrafanaOutput({uid: dashboard_json(b) for uid, b in boards.by_uid.items()}, opts)
-
-
-def panel_queries(model: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """``(panel title, expr)`` of every query of a dashboard's JSON model, rows included."""
-    out = []
-    stack: list[Mapping[str, Any]] = list(model.get("panels") or [])
-    while stack:
-        panel = stack.pop(0)
-        stack.extend(panel.get("panels") or [])
-        for target in panel.get("targets") or []:
-            if target.get("expr"):
-                out.append((str(panel.get("title", "")), str(target["expr"])))
-    return out
-
-
-def variable_queries(model: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """``(variable, query)`` of the query variables (``label_values(<selector>, <label>)``)."""
-    out = []
-    for v in (model.get("templating") or {}).get("list") or []:
-        if v.get("type") == "query":
-            out.append((str(v["name"]), str(v.get("query", ""))))
-    return out
-

@@ -11,8 +11,8 @@ each pool's term gets it with ``label_replace``, and the union is narrowed to th
 which the rules record per pool).
 
 Grafana's variables (``$pool``, ``$model``, ``$slo``, ``$endpoint``) are left in the text, and
-``$__rate_interval`` in the windows of ``rate()``; ``substitute`` replaces them for a check by
-promtool or a query to a real Prometheus.
+``$__rate_interval`` in the windows of ``rate()``; the tests replace them
+(``tests/support/grafana_queries.py``) for a check by promtool or a query to a real Prometheus.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from alerts.rules.promql import (
     pool_by,
     pool_series,
     promql_string,
-    replica_label,
 )
 from alerts.rules.recording import sli_record_name
 from slo.objectives.burn_rate import slo_burn_alerts
@@ -59,7 +58,6 @@ __all__ = [
     "per_pool",
     "pool_filter",
     "slo_filter",
-    "substitute",
     "tenant_cost_this_month",
 ]
 
@@ -198,11 +196,6 @@ def dcgm_series(pool: PoolConfig, metric: str) -> str:
     return pool_series(pool, KIND_DCGM).promql(metric)
 
 
-def replica(pool: PoolConfig) -> str:
-    """The label that tells the pool's replicas apart."""
-    return replica_label(pool)
-
-
 def _add_matcher(selector_text: str, matcher: str) -> str:
     """``metric{a="b"}`` with ``matcher`` added (``metric{matcher}`` when it had none)."""
     if selector_text.endswith("}"):
@@ -210,27 +203,3 @@ def _add_matcher(selector_text: str, matcher: str) -> str:
         return selector_text[:selector_text.index("{")] + "{" + (
             f"{inner}, {matcher}" if inner else matcher) + "}"
     return f"{selector_text}{{{matcher}}}"
-
-
-#: Values the variables take for ``substitute`` (a check, not a dashboard): every pool,
-#: model, SLO and endpoint.
-_ALL = ".*"
-_VARIABLES = re.compile(r"\$(__rate_interval|__range|pool|model|slo|endpoint)\b")
-
-
-def substitute(expr: str, values: Mapping[str, str] | None = None, *,
-               rate_interval: str = "1m", range_: str = "1h") -> str:
-    """``expr`` with Grafana's variables replaced: ``$pool``, ``$model``, ``$slo``,
-    ``$endpoint`` by ``values`` (regexes; ``.*`` when not given), ``$__rate_interval`` and
-    ``$__range`` by durations. For promtool and for queries a test sends to Prometheus."""
-    given = dict(values or {})
-
-    def value(m: re.Match[str]) -> str:
-        name = m.group(1)
-        if name == "__rate_interval":
-            return rate_interval
-        if name == "__range":
-            return range_
-        return given.get(name, _ALL)
-
-    return _VARIABLES.sub(value, expr)

@@ -28,7 +28,7 @@ completions request whose prompt a replica holds goes there instead, within boun
 TTFT (``routing`` says how); the poll then also reads ``vllm:cache_config_info`` (the KV
 cache's size) and ``process_start_time_seconds`` (a restart empties the cache).
 
-Connections: requests to a replica go through its ``upstream_http.ReplicaConnections`` (its
+Connections: requests to a replica go through its ``http_client.ReplicaConnections`` (its
 own keep-alive connections, opened by ``start``; why not httpx is said there); the polls use
 httpx.
 """
@@ -49,8 +49,10 @@ from collector.discovery import ORIGIN_STATIC, TargetSet
 from collector.exposition import normalise_vllm_names, parse
 from serving.gateway.accounting import ShareLedger, gpu_cost_per_second
 from serving.gateway.errors import NoReplica
-from serving.gateway.prefix import PromptKey, prompt_key
-from serving.gateway.routing import (
+from serving.gateway.tiers import PoolLoad
+from serving.gateway.upstream.http_client import ReplicaConnections
+from serving.gateway.upstream.prompt_key import PromptKey, prompt_key
+from serving.gateway.upstream.routing import (
     ReplicaRouting,
     Sent,
     choose_replica,
@@ -58,8 +60,6 @@ from serving.gateway.routing import (
     ttft_thresholds,
     uncached_tokens,
 )
-from serving.gateway.types import PoolLoad
-from serving.gateway.upstream_http import ReplicaConnections
 from vigil.clock import Clock, system_clock
 from vigil.config import Config, TargetConfig
 from vigil.conventions import (
@@ -540,7 +540,7 @@ class Upstreams:
         return chosen
 
     def prompt_of(self, endpoint: str, body: Mapping[str, Any]) -> PromptKey | None:
-        """The prompt of a request to route by (``prefix.prompt_key``); None when routing
+        """The prompt of a request to route by (``prompt_key.prompt_key``); None when routing
         is least outstanding (nothing is hashed then)."""
         return prompt_key(endpoint, body) if self.prefix_aware else None
 

@@ -1,7 +1,7 @@
 """Prefix-aware routing: send a request where its prompt's prefix is likely cached.
 
 ``[gateway] routing = "prefix_aware"`` (the default). For each replica the gateway remembers the
-prompt chunks (``prefix.PromptKey``) it sent there recently, in an LRU as large as the
+prompt chunks (``prompt_key.PromptKey``) it sent there recently, in an LRU as large as the
 replica's KV cache (``vllm:cache_config_info``: ``num_gpu_blocks`` x ``block_size`` tokens,
 else ``DEFAULT_KV_TOKENS``). The candidates are the replicas that can take the
 request (healthy, KV usage at most ``max_kv_usage``) whose load stays within a bound: requests
@@ -29,8 +29,8 @@ A replica that leaves or restarts (``process_start_time_seconds`` changed or
 starts with an empty LRU: its cache is empty.
 
 This module holds the per-replica state, the arithmetic and the choice itself
-(``choose_replica``, a pure function of the replicas' state); ``upstreams.Upstreams`` keeps the
-membership and the rotation and calls it, ``proxy.Forwarder`` records what it sent and when the
+(``choose_replica``, a pure function of the replicas' state); ``replicas.Upstreams`` keeps the
+membership and the rotation and calls it, ``forwarder.Forwarder`` records what it sent and when the
 first token came.
 """
 
@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
-from serving.gateway.prefix import CHUNK_TOKENS, PromptKey
+from serving.gateway.upstream.prompt_key import CHUNK_TOKENS, PromptKey
 from slo.objectives.spec import effective_slos
 from vigil.config import Config
 from vigil.conventions import ENDPOINT_ALL
@@ -324,7 +324,7 @@ class Sent:
 
 
 class Candidate(Protocol):
-    """What the choice reads of a replica (``upstreams.Replica``)."""
+    """What the choice reads of a replica (``replicas.Replica``)."""
 
     name: str
     healthy: bool

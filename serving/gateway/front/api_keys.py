@@ -12,7 +12,7 @@ import hmac
 from collections.abc import Sequence
 
 from serving.gateway.errors import Unauthorized
-from serving.gateway.types import Caller
+from serving.gateway.tiers import Caller
 from vigil.config import ApiKeyConfig
 
 __all__ = ["KeyRing", "key_sha256"]

@@ -31,17 +31,9 @@ from starlette.types import Receive, Scope, Send
 
 from serving.gateway.accounting import gpu_cost_per_second
 from serving.gateway.admission import Admission
-from serving.gateway.asgi import (
-    CONTENT_SSE,
-    raw_headers,
-    send_body,
-    send_json,
-    send_start,
-)
-from serving.gateway.auth import KeyRing
+from serving.gateway.batch.interface import BatchReply, BatchRequest, QueueDepth
 from serving.gateway.budgets import DEMOTE, HEADER_BUDGET, REFUSE, BudgetPoller, header_value
 from serving.gateway.caching import CacheBridge
-from serving.gateway.client_io import ClientGone, DisconnectWatch, header, read_body
 from serving.gateway.errors import (
     BodyTooLarge,
     BudgetSpent,
@@ -53,16 +45,31 @@ from serving.gateway.errors import (
     error_body,
     upstream_5xx_class,
 )
-from serving.gateway.metrics import GatewayMetrics
-from serving.gateway.otel import GatewayTelemetry
-from serving.gateway.policy import MaxTokens, apply_max_tokens
-from serving.gateway.proxy import Charge, Forwarder, OpenStream, UpstreamReply, error_message
-from serving.gateway.records import RecordWriter
-from serving.gateway.request import Incoming, parse_body, render_body, validate
-from serving.gateway.sse import StreamTally
-from serving.gateway.streaming import relay
-from serving.gateway.types import TIER_PRIORITY, Caller
-from serving.gateway.upstreams import Replica, Upstreams
+from serving.gateway.front.api_keys import KeyRing
+from serving.gateway.front.client import ClientGone, DisconnectWatch, header, read_body
+from serving.gateway.front.relay import relay
+from serving.gateway.front.request_body import Incoming, parse_body, render_body, validate
+from serving.gateway.front.responses import (
+    CONTENT_SSE,
+    raw_headers,
+    send_body,
+    send_json,
+    send_start,
+)
+from serving.gateway.front.sse import StreamTally
+from serving.gateway.max_tokens import MaxTokens, apply_max_tokens
+from serving.gateway.telemetry.metrics import GatewayMetrics
+from serving.gateway.telemetry.otel import GatewayTelemetry
+from serving.gateway.telemetry.record_writer import RecordWriter
+from serving.gateway.tiers import Caller
+from serving.gateway.upstream.forwarder import (
+    Charge,
+    Forwarder,
+    OpenStream,
+    UpstreamReply,
+    error_message,
+)
+from serving.gateway.upstream.replicas import Replica, Upstreams
 from vigil.clock import Clock, system_clock
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
@@ -88,6 +95,9 @@ from vigil.conventions import (
     REJECT_UNAUTHORIZED,
     REQUEST_ID_PREFIX,
     STATUS_CLIENT_CLOSED,
+    TIER_BATCH,
+    TIER_PREMIUM,
+    TIER_PRIORITY,
     TOKEN_COMPLETION,
     TOKEN_PROMPT,
     TOKENS_CHUNKS,
@@ -235,7 +245,7 @@ class Gateway:
         self.cache = CacheBridge(gw.cache, clock=clock, cache=cache,
                                  database=cfg.gateway_database())
         #: The batch queue's depth per pool (set by the app when the queue runs).
-        self.batch_depth: Any = None
+        self.batch_depth: QueueDepth | None = None
         self.metrics = GatewayMetrics(depth=self.queue_depth, replicas=self.upstreams.replicas,
                                       dropped=lambda: self.records.dropped,
                                       buffered=lambda: self.records.buffered,
@@ -291,11 +301,11 @@ class Gateway:
         depth = dict(self.admission.waiting)
         if self.batch_depth is not None:
             for p in self.cfg.pools:
-                key = (p.name, "batch")
+                key = (p.name, TIER_BATCH)
                 depth[key] = depth.get(key, 0) + int(self.batch_depth(p.name))
         return depth
 
-    # --- HTTP (raw ASGI: see asgi.py for why) ---------------------------------------------
+    # --- HTTP (raw ASGI: see front/responses.py for why) ----------------------------------
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, endpoint: str) -> None:
         """Serve one POST to ``/v1/chat/completions``, ``/v1/completions`` or
@@ -399,8 +409,8 @@ class Gateway:
             call.budget_header = header_value(REFUSE, budget)
             raise BudgetSpent(budget.name, month=budget.month, monthly=budget.monthly,
                               spent=budget.spent, currency=budget.currency)
-        if budget.enforce == DEMOTE and caller.tier != "batch":
-            call.caller = dataclasses.replace(caller, tier="batch")
+        if budget.enforce == DEMOTE and caller.tier != TIER_BATCH:
+            call.caller = dataclasses.replace(caller, tier=TIER_BATCH)
             call.budget_header = header_value(DEMOTE, budget)
 
     async def _admit_and_send(self, call: Call, body: dict[str, Any]
@@ -410,7 +420,7 @@ class Gateway:
         call.queue_s = await self.admission.admit(call.pool, call.tier)
         payload = self._payload(call, body)
         path = ENDPOINT_PATHS[call.endpoint]
-        premium = call.tier == "premium"
+        premium = call.tier == TIER_PREMIUM
         prompt = self.forwarder.prompt_of(call.endpoint, body)  # prefix-aware routing's key
         trace = self._trace_headers(call)
         if not call.stream:
@@ -443,10 +453,11 @@ class Gateway:
 
     # --- the batch queue --------------------------------------------------------------------
 
-    async def send_batch(self, item: Any) -> tuple[int, dict[str, Any]]:
-        """``BatchQueue``'s ``send``: one queued request through the non-streaming path at the
-        batch tier's priority (no admission wait: the queue released it on headroom), recorded
-        with its batch id. Returns (HTTP status, JSON body); errors are OpenAI error bodies."""
+    async def send_batch(self, item: BatchRequest) -> BatchReply:
+        """``BatchQueue``'s ``send`` (``batch.interface.SendBatch``): one queued request through
+        the non-streaming path at the batch tier's priority (no admission wait: the queue
+        released it on headroom), recorded with its batch id. Returns (HTTP status, JSON body);
+        errors are OpenAI error bodies."""
         call = Call(id=new_request_id(), endpoint=item.endpoint,
                     start_s=self._clock(), t0=time.perf_counter(), caller=item.caller,
                     batch_id=item.batch_id)

@@ -32,14 +32,15 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.datastructures import UploadFile
 
-from serving.gateway.batch_store import (
+from serving.gateway.batch.interface import AuthenticateCaller, PoolOfModel
+from serving.gateway.batch.store import (
     BatchStore,
     NewRequest,
     RequestCounts,
     StoredBatch,
     StoredFile,
 )
-from serving.gateway.types import Caller
+from serving.gateway.tiers import Caller
 from vigil.conventions import (
     BATCH_ENDPOINTS,
     BATCH_ERROR_INVALID_LINE,
@@ -73,7 +74,9 @@ _UNAVAILABLE_RETRY_AFTER = 5
 #: PostgreSQL text cannot hold it: names and ids with it are refused before any store call.
 _NUL = "\x00"
 
-log = logging.getLogger(__name__)
+#: The logger's name is the module's before the gateway's modules moved into rooms: log
+#: settings that name it keep working.
+log = logging.getLogger("serving.gateway.batch_api")
 
 T = TypeVar("T")
 #: How a store call is run: ``await call(store.method, *args, **kwargs)``.
@@ -91,7 +94,7 @@ class InputLine:
     pool: str
 
 
-def _check_line(obj: Any, pool_of_model: Callable[[str], str | None],
+def _check_line(obj: Any, pool_of_model: PoolOfModel,
                 pools: Sequence[str]) -> tuple[str | None, str]:
     """``(problem, pool)`` for one parsed line: the first thing wrong with it, or None."""
     if not isinstance(obj, dict):
@@ -135,7 +138,7 @@ def _check_line(obj: Any, pool_of_model: Callable[[str], str | None],
     return None, pool
 
 
-def parse_batch_input(content: bytes, *, pool_of_model: Callable[[str], str | None],
+def parse_batch_input(content: bytes, *, pool_of_model: PoolOfModel,
                       pools: Sequence[str], max_lines: int = MAX_LINES,
                       source: str = "batch input") -> list[InputLine]:
     """Validate a JSONL batch input file and return its requests.
@@ -280,8 +283,8 @@ class BatchApi:
     call off the event loop (the queue's API threads; default ``asyncio.to_thread``).
     """
 
-    def __init__(self, store: BatchStore, *, auth: Callable[[Request], Awaitable[Caller]],
-                 clock: Callable[[], float], pool_of_model: Callable[[str], str | None],
+    def __init__(self, store: BatchStore, *, auth: AuthenticateCaller,
+                 clock: Callable[[], float], pool_of_model: PoolOfModel,
                  pools: Sequence[str], on_change: Callable[[], None], retention: float,
                  max_file_bytes: int = MAX_FILE_BYTES, max_lines: int = MAX_LINES,
                  call: StoreCall = _in_thread) -> None:

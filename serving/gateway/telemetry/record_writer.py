@@ -1,7 +1,7 @@
 """The gateway's request log, written: ``RecordWriter`` keeps every finished request's record
 (``vigil.storage.gateway_records``) in the gateway's database, beside the batch queue
-(``batch_store``) and the shared cache entries (``serving.cache.shared``); the engine reads
-them back through ``slo.sources.request_log``.
+(``serving.gateway.batch.store``) and the shared cache entries (``serving.cache.shared``); the
+engine reads them back through ``slo.sources.request_log``.
 
 ``RecordWriter`` takes finished requests into a bounded buffer in memory (``put`` never blocks
 or does I/O: it is on the request path) and a writer thread inserts them in batches, so a slow
@@ -12,7 +12,7 @@ be written now (``StoreUnavailable``: the server is down or restarting; an SQLit
 or full) is kept and retried with backoff until it is; the insert skips ids already stored
 (``ON CONFLICT (id) DO NOTHING``), so a retry of a batch that did reach the database before the
 connection broke stores each record once. A batch the database refuses for what it holds is
-split until the rows it refuses are alone (``vigil.storage.batches``, the policy of every
+split until the rows it refuses are alone (``vigil.storage.split_writes``, the policy of every
 store): those are dropped, logged with their ids and the reason, and counted in ``rejected``;
 the others are written. Otherwise records are lost only when the buffer is full, the oldest
 first, counted in ``dropped``.
@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from vigil.storage.batches import reason, write_batch
 from vigil.storage.database import SqlDatabase, is_postgres_url, open_database, redact_url
 from vigil.storage.gateway_records import (
     COLUMNS,
@@ -41,6 +40,7 @@ from vigil.storage.gateway_records import (
     pg_type,
     to_row,
 )
+from vigil.storage.split_writes import reason, write_batch
 
 if TYPE_CHECKING:
     from vigil.storage.postgres import PgConn
@@ -305,7 +305,7 @@ class RecordWriter:
         or rejected), how many were written, the (id, reason) of those rejected, and the
         error that stopped the writing when it is worth retrying (the rest are kept).
 
-        The refused-row policy is the storage layer's (``vigil.storage.batches``): a batch
+        The refused-row policy is the storage layer's (``vigil.storage.split_writes``): a batch
         the database refuses is halved down to the records it refuses alone.
         """
         done = [False] * len(batch)

@@ -1,8 +1,9 @@
 """The batch tier: a durable queue released when a pool has headroom or in off-peak hours.
 
-Callers submit work through the OpenAI batches API (``router()``, see ``batch_api``); requests
-wait in the gateway's database (``batch_store``: SQLite, or PostgreSQL shared by several
-gateway instances) until ``run()`` releases them to ``send``, per pool:
+Callers submit work through the OpenAI batches API (``router()``, see ``api``); requests
+wait in the gateway's database (``store``: SQLite, or PostgreSQL shared by several
+gateway instances) until ``run()`` releases them to ``send`` (``interface.SendBatch``: the
+gateway's ``send_batch``), per pool:
 
 * while the pool has **headroom** -- ``load(pool)`` shows KV-cache usage below
   ``[gateway.batch] headroom_kv_usage`` and fewer than ``headroom_queue_length`` waiting
@@ -41,19 +42,31 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
-from serving.gateway.batch_api import MAX_FILE_BYTES, MAX_LINES, BatchApi
-from serving.gateway.batch_store import BatchStore, ClaimedRequest, new_id
-from serving.gateway.types import Caller, PoolLoad
+from serving.gateway.batch.api import MAX_FILE_BYTES, MAX_LINES, BatchApi
+from serving.gateway.batch.interface import (
+    AuthenticateCaller,
+    BatchRequest,
+    PoolLoadOf,
+    PoolOfModel,
+    SendBatch,
+)
+from serving.gateway.batch.store import BatchStore, ClaimedRequest, new_id
+from serving.gateway.tiers import Caller, PoolLoad
 from vigil.config import BatchConfig
-from vigil.conventions import BATCH_ENDPOINTS, BATCH_ERROR_UPSTREAM, BATCH_REQUEST_ID_PREFIX
+from vigil.conventions import (
+    BATCH_ENDPOINTS,
+    BATCH_ERROR_UPSTREAM,
+    BATCH_REQUEST_ID_PREFIX,
+    TIER_BATCH,
+)
 from vigil.errors import ConfigError, StoreUnavailable
 
 __all__ = [
@@ -64,7 +77,9 @@ __all__ = [
     "parse_off_peak",
 ]
 
-log = logging.getLogger(__name__)
+#: The logger's name is the module's before the gateway's modules moved into rooms: log
+#: settings that name it keep working.
+log = logging.getLogger("serving.gateway.batch")
 
 T = TypeVar("T")
 
@@ -74,23 +89,6 @@ _PURGE_EVERY = 60.0
 #: Threads for API calls: a large upload being stored does not hold up every other call.
 _API_THREADS = 2
 _WINDOW = re.compile(r"^(\d\d):(\d\d)-(\d\d):(\d\d)$")
-
-
-@dataclass(frozen=True)
-class BatchRequest:
-    """One request of a batch, released to the gateway's ``send``.
-
-    ``caller.tier`` is always ``"batch"``: whatever the submitting key's tier, queued work runs
-    at vLLM ``priority`` ``TIER_PRIORITY["batch"]`` (2). ``body`` is the input line's body as
-    the caller wrote it (the gateway applies its max_tokens policy).
-    """
-
-    batch_id: str
-    custom_id: str
-    pool: str
-    endpoint: Literal["chat", "completions"]
-    body: dict[str, Any]
-    caller: Caller
 
 
 @dataclass(frozen=True)
@@ -166,6 +164,7 @@ class BatchQueue:
     upstream and returns ``(HTTP status, JSON body)``; ``auth(request)``: the caller of an API
     call (raises the 401 itself); ``clock``: Unix seconds (windows, expiry, retention, backoff
     and leases follow it); ``pool_of_model(model)``: the model's pool, None when not served.
+    The callbacks' types are the protocols of ``interface``, which the gateway's side meets.
     ``retry_attempts`` tries in all for a send that fails with 429/5xx or raises, waiting
     ``retry_backoff`` seconds, then twice that, ... (capped at 64x) between tries.
     ``cfg.lease``: seconds a claimed request stays this instance's without renewal (renewed
@@ -174,11 +173,11 @@ class BatchQueue:
     """
 
     def __init__(self, target: str | Path, cfg: BatchConfig, *, pools: list[str],
-                 load: Callable[[str], PoolLoad],
-                 send: Callable[[BatchRequest], Awaitable[tuple[int, dict[str, Any]]]],
-                 auth: Callable[[Request], Awaitable[Caller]],
+                 load: PoolLoadOf,
+                 send: SendBatch,
+                 auth: AuthenticateCaller,
                  clock: Callable[[], float] = time.time,
-                 pool_of_model: Callable[[str], str | None],
+                 pool_of_model: PoolOfModel,
                  retry_attempts: int = 4, retry_backoff: float = 1.0,
                  owner: str | None = None,
                  max_file_bytes: int = MAX_FILE_BYTES, max_lines: int = MAX_LINES) -> None:
@@ -454,7 +453,7 @@ class BatchQueue:
             "chat" if BATCH_ENDPOINTS[c.endpoint] == "chat" else "completions")
         request = BatchRequest(batch_id=c.batch_id, custom_id=c.custom_id, pool=c.pool,
                                endpoint=endpoint, body=c.body,
-                               caller=Caller(tenant=c.tenant, tier="batch", key_id=c.key_id))
+                               caller=Caller(tenant=c.tenant, tier=TIER_BATCH, key_id=c.key_id))
         try:
             status, body = await self._send(request)
         except asyncio.CancelledError:

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from serving.gateway.upstreams import Replica
+from serving.gateway.upstream.replicas import Replica
 from vigil.conventions import (
     GATEWAY_LATENCY_BUCKETS,
     LABEL_ENDPOINT,

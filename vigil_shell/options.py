@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vigil.durations import parse_duration
-from vigil.errors import ConfigError
+from vigil.http_server import parse_listen
 
 __all__ = [
     "LOG_LEVELS",
@@ -80,19 +80,6 @@ def add_out_option(p: Container, *, help: str) -> None:
 def add_listen_option(p: Container, *, default: str | None, help: str) -> None:
     """``--listen HOST:PORT`` (``args.listen``: the text; ``parse_listen`` splits it)."""
     p.add_argument("--listen", default=default, metavar="HOST:PORT", help=help)
-
-
-def parse_listen(value: str, *, allow_port_zero: bool = False) -> tuple[str, int]:
-    """``"host:port"`` (IPv6 in brackets) -> ``(host, port)``; ``ConfigError`` if malformed.
-
-    Port 0 (the kernel picks one) only with ``allow_port_zero``.
-    """
-    host, sep, port_text = value.rpartition(":")
-    host = host.strip("[]")
-    low = 0 if allow_port_zero else 1
-    if not sep or not host or not port_text.isdigit() or not low <= int(port_text) < 65536:
-        raise ConfigError(f"--listen must be HOST:PORT with a port {low}-65535, got {value!r}")
-    return host, int(port_text)
 
 
 class _DeprecatedAlias(argparse.Action):

@@ -1,14 +1,17 @@
-"""Values shared by the gateway's parts (app, batch queue, cache)."""
+"""The tiers, and the values the gateway's parts share about callers and pools (app, batch
+queue, cache).
+
+The tiers' names, their type (``Tier``) and vLLM's ``priority`` for each are
+``vigil.conventions``' (``TIERS``, ``Tier``, ``TIER_PRIORITY``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-Tier = Literal["premium", "standard", "batch"]
+from vigil.conventions import Tier
 
-#: vLLM's request ``priority`` per tier: lower is served first (``--scheduling-policy priority``).
-TIER_PRIORITY: dict[str, int] = {"premium": 0, "standard": 1, "batch": 2}
+__all__ = ["Caller", "PoolLoad", "Tier"]
 
 
 @dataclass(frozen=True)

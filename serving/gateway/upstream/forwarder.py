@@ -2,8 +2,8 @@
 
 ``Forwarder.unary`` POSTs and reads the whole answer (with a size bound); ``Forwarder.open``
 POSTs and returns as soon as the upstream's headers arrive, leaving the body (an SSE stream) to
-be relayed (``streaming.relay``). Both go through the replica's connections
-(``upstream_http``, which says why the gateway has its own client on this path), pick the
+be relayed (``serving.gateway.front.relay``). Both go through the replica's connections
+(``http_client``, which says why the gateway has its own client on this path), pick the
 replica (``Upstreams.pick``), retry once on another replica when the connection could not even
 be made (nothing was sent, so nothing can run twice), and turn every transport failure into the
 gateway's error: a read timeout into ``UpstreamTimeout`` (504), a reset or protocol error into
@@ -16,7 +16,7 @@ relayed byte for byte, never decompressed and re-compressed. A response is eithe
 end and its connection kept for the next request, or closed with its connection: closing an
 unfinished response is how the gateway tells vLLM to abort.
 
-With prefix-aware routing (``routing``) a request's prompt (``prefix.PromptKey``, from
+With prefix-aware routing (``routing``) a request's prompt (``prompt_key.PromptKey``, from
 ``Forwarder.prompt_of``) goes with it: ``pick`` routes by it, the replica is told what it was
 sent (``Upstreams.sent``), and its prefill counts as waiting there until its first token, for
 a stream the first body bytes from the replica (vLLM sends its first event once the prompt is
@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from serving.gateway.errors import UpstreamFailure, UpstreamTimeout
-from serving.gateway.prefix import PromptKey
-from serving.gateway.routing import Sent
-from serving.gateway.upstream_http import ConnectFailed, ReadTimeout, Response, UpstreamError
-from serving.gateway.upstreams import Replica, Upstreams
+from serving.gateway.upstream.http_client import ConnectFailed, ReadTimeout, Response, UpstreamError
+from serving.gateway.upstream.prompt_key import PromptKey
+from serving.gateway.upstream.replicas import Replica, Upstreams
+from serving.gateway.upstream.routing import Sent
 
 __all__ = [
     "MAX_UPSTREAM_BYTES",

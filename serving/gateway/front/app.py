@@ -2,12 +2,12 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``
 (passthrough), ``GET /v1/models``, ``GET /metrics`` (the gateway's own series), ``GET /health``,
-and the batch queue's ``/v1/files`` and ``/v1/batches`` when ``serving.gateway.batch`` is
-present. Every error, including unknown paths and wrong methods, is an OpenAI-style JSON body.
+and the batch queue's ``/v1/files`` and ``/v1/batches`` when ``serving.gateway.batch.queue``
+is present. Every error, including unknown paths and wrong methods, is an OpenAI-style JSON body.
 
 The three proxy endpoints are raw ASGI (``Gateway.handle``): ``GatewayApp`` hands their POSTs
 over before FastAPI's middleware and routing, whose per-request work the hot path does not need
-(``asgi`` says why no Response objects either). Their routes are still registered, so another
+(``responses`` says why no Response objects either). Their routes are still registered, so another
 method gets FastAPI's 405 like every other path.
 
 The lifespan opens the records database, reads the discovered targets and polls the replicas
@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -34,8 +34,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from serving.gateway.errors import BadRequest, NotFound, error_body
-from serving.gateway.pipeline import Gateway
-from serving.gateway.types import Caller
+from serving.gateway.gateway import Gateway
+from serving.gateway.tiers import Caller
 from vigil.clock import Clock, system_clock
 from vigil.config import Config
 from vigil.conventions import (
@@ -45,6 +45,9 @@ from vigil.conventions import (
     ENDPOINT_PATHS,
 )
 from vigil.errors import GatewayError
+
+if TYPE_CHECKING:
+    from serving.gateway.batch.queue import BatchQueue
 
 __all__ = ["GatewayApp", "ProxyEndpoint", "create_app"]
 
@@ -81,12 +84,13 @@ class GatewayApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def _batch_queue(gateway: Gateway, cfg: Config, clock: Clock) -> Any:
-    """The batch queue wired to this gateway, or None when its module is not there."""
+def _batch_queue(gateway: Gateway, cfg: Config, clock: Clock) -> BatchQueue | None:
+    """The batch queue wired to this gateway, or None when its module is not there. The
+    callbacks each side hands the other are typed by ``serving.gateway.batch.interface``."""
     try:
-        from serving.gateway.batch import BatchQueue
+        from serving.gateway.batch.queue import BatchQueue
     except ImportError:  # pragma: no cover - the batch queue ships with the gateway
-        log.warning("serving.gateway.batch is not available: no /v1/batches")
+        log.warning("serving.gateway.batch.queue is not available: no /v1/batches")
         return None
 
     async def auth(request: Request) -> Caller:
@@ -120,7 +124,7 @@ def create_app(cfg: Config, *, clock: Clock = system_clock, cache: Any = None,
         try:
             yield
         finally:
-            if task is not None:
+            if task is not None and queue is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task

@@ -5,8 +5,8 @@
 into one OpenAI-style error event followed by ``data: [DONE]`` — the HTTP status (200) is
 already sent, so that is how vLLM reports errors mid-stream too.
 
-It runs in the request's own task and writes with the ASGI ``send`` directly (``asgi``): per
-event that is one read from the upstream connection, a few byte comparisons, and one write.
+It runs in the request's own task and writes with the ASGI ``send`` directly (``responses``):
+per event that is one read from the upstream connection, a few byte comparisons, and one write.
 When the client leaves, the request's ``DisconnectWatch`` cancels the task wherever it waits;
 the caller then closes the upstream response (``OpenStream.close``, synchronous), which closes
 its connection, and vLLM aborts a request whose connection drops. The client's response ends
@@ -20,11 +20,11 @@ import time
 
 from starlette.types import Send
 
-from serving.gateway.asgi import send_end
 from serving.gateway.errors import UpstreamFailure, error_body
-from serving.gateway.proxy import OpenStream, failure
-from serving.gateway.sse import SSE_DONE, MalformedStream, SseFramer, StreamTally, sse_event
-from serving.gateway.upstream_http import UpstreamError
+from serving.gateway.front.responses import send_end
+from serving.gateway.front.sse import SSE_DONE, MalformedStream, SseFramer, StreamTally, sse_event
+from serving.gateway.upstream.forwarder import OpenStream, failure
+from serving.gateway.upstream.http_client import UpstreamError
 from vigil.errors import GatewayError
 
 __all__ = ["relay"]

@@ -4,7 +4,7 @@ Why not Starlette's ``Response`` classes here: the three proxy endpoints are the
 path, and a ``StreamingResponse`` costs a task group and two more tasks per stream under ASGI
 spec 2.3, which uvicorn speaks (one listens for the disconnect, one streams), and a wrapper
 around every chunk it sends; the gateway watches for the disconnect itself
-(``client_io.DisconnectWatch``) and relays in the request's own task. These helpers send the
+(``client.DisconnectWatch``) and relays in the request's own task. These helpers send the
 same ASGI messages directly; a JSON body is rendered the way ``JSONResponse`` renders it.
 Everything else (``/metrics``, ``/health``, the batch API, 404/405) stays FastAPI.
 """
