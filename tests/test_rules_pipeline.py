@@ -23,10 +23,10 @@ from alerts.rules.promql import le_label, number, sli_error_expr
 from alerts.rules.promtool_tests import (
     INPUT_STEPS,
     EngineExpectations,
-    SeriesSource,
     eval_time_for,
     pool_inputs,
     render_template,
+    series_source,
 )
 from alerts.rules.scrape_config import scrape_configs
 from collector.store import Store
@@ -428,15 +428,16 @@ def test_promtool_document_reads_both_rule_files() -> None:
 
 
 def test_series_source_answers_like_the_embedded_source(tmp_path: Path) -> None:
-    """The promtool tests' expected values come from ``SeriesSource``: on the same samples
-    it must give the engine's floats, bit for bit."""
+    """The promtool tests' expected values come from ``series_source`` (a
+    ``slo.sources.memory.MemorySource``): on the same samples it must give the engine's
+    floats, bit for bit."""
     config = _config()
     pool = config.pools[0]
     inputs = pool_inputs(config, pool, validate(config).specs)
     rows = [(SeriesKey(s.name, labels_of(s.labels)),
              "gauge" if s.step == 0 else "counter", p.ts_ms, p.value)
             for s in inputs for p in s.points()]
-    memory = SeriesSource(inputs, semantics="2")
+    memory = series_source(inputs, semantics="2")
     with Store(tmp_path / "v.db") as store:
         store.write(rows)
         embedded = EmbeddedSource(store, semantics="2")
@@ -461,8 +462,8 @@ def test_prometheus_3_rules_expect_the_same_numbers(case: str) -> None:
     for pool in config.pools:
         specs = [s for s in result.validated.specs if s.pool == pool.name]
         inputs = pool_inputs(config, pool, specs)
-        v2 = EngineExpectations(config, pool, specs, SeriesSource(inputs, semantics="2"), at)
-        v3 = EngineExpectations(config, pool, specs, SeriesSource(inputs, semantics="3"), at)
+        v2 = EngineExpectations(config, pool, specs, series_source(inputs, semantics="2"), at)
+        v3 = EngineExpectations(config, pool, specs, series_source(inputs, semantics="3"), at)
         for rule in result.rules():
             if rule.record and rule.origin.pool == pool.name:
                 assert v2.recorded(rule) == v3.recorded(rule), rule.record

@@ -6,7 +6,7 @@ expected values are not typed in by hand: they are the embedded engine's own ans
 (``slo.objectives.sli.error_ratio``, ``slo.objectives.burn_rate.evaluate_slo``,
 ``slo.objectives.quantiles.model_quantiles``, ``slo.scaling.signals``, ``slo.cost.pool.pool_cost``)
 computed over the same samples with Prometheus 2.42's rules (``semantics="2"``), through
-``SeriesSource``, an in-memory ``slo.sources.protocol.Source``. So ``promtool test rules`` passing
+``slo.sources.memory.MemorySource``, an in-memory ``Source``. So ``promtool test rules`` passing
 means: Prometheus, running these rules, records the numbers ``vigil slo status`` reports. promtool
 compares floats exactly, and it does agree bit for bit.
 
@@ -49,12 +49,8 @@ from alerts.rules.model import Rule, RuleGroup, prom_duration
 from alerts.rules.promql import le_label, number, promql_string
 from slo.objectives.burn_rate import evaluate_slo
 from slo.objectives.spec import SloSpec
-from slo.promql.aggregate import instant_vector, sum_by
-from slo.promql.lookup import Semantics, SemanticsLike, select_range, semantics_of
-from slo.promql.quantile import Bucket, parse_le
-from slo.promql.rate import increase
-from slo.sources.embedded import avg_over_time_value
-from slo.sources.protocol import Matchers
+from slo.promql.lookup import SemanticsLike
+from slo.sources.memory import MemorySource
 from vigil.config import Config, PoolConfig, TargetConfig
 from vigil.conventions import (
     FILE_ALERT_RULES,
@@ -86,7 +82,7 @@ from vigil.conventions import (
 )
 from vigil.errors import ConfigError
 from vigil.model import Labels, Point, labels_of
-from vigil.selectors import LabelMatcher, Selector, as_selector
+from vigil.selectors import LabelMatcher, Selector
 
 __all__ = [
     "INPUT_INTERVAL_S",
@@ -95,13 +91,13 @@ __all__ = [
     "EngineExpectations",
     "InputSeries",
     "PoolLabels",
-    "SeriesSource",
     "eval_time_for",
     "pool_inputs",
     "pool_labels",
     "promtool_test_document",
     "render_template",
     "selector_labels",
+    "series_source",
 ]
 
 #: One input sample a minute for two hours (121 samples, at 0, 1m, ..., 120m).
@@ -646,84 +642,14 @@ def _inputs(config: Config, pool: PoolConfig, specs: Sequence[SloSpec],
     return given, vigil, labels
 
 
-class SeriesSource:
-    """``slo.sources.protocol.Source`` over in-memory series (no staleness markers), computed with
-    the same ``slo.promql`` primitives as ``EmbeddedSource``. Its series carry Vigil's own labels
-    (``external`` is false), and matchers may be a mapping or a ``Selector``."""
-
-    kind = "memory"
-    external = False
-
-    def __init__(self, series: Iterable[InputSeries], *, semantics: SemanticsLike = "2",
-                 lookback_s: float = 300.0) -> None:
-        self.semantics: Semantics = semantics_of(semantics)
-        self.lookback_s = lookback_s
-        self._series: dict[str, dict[Labels, list[Point]]] = {}
-        for s in series:
-            self._series.setdefault(s.name, {})[labels_of(s.labels)] = s.points()
-
-    def _select(self, metric: str, matchers: Matchers) -> dict[Labels, list[Point]]:
-        chosen = as_selector(matchers)
-        return {
-            labels: points for labels, points in self._series.get(metric, {}).items()
-            if chosen.matches(dict(labels))
-        }
-
-    def _per_series_increase(self, metric: str, matchers: Matchers, at_s: float,
-                             window_s: float) -> dict[Labels, float]:
-        out = {}
-        for labels, pts in self._select(metric, matchers).items():
-            value = increase([p.ts_ms for p in pts], [p.value for p in pts], at_s, window_s,
-                             self.semantics)
-            if value is not None:
-                out[labels] = value
-        return out
-
-    def increase(self, metric: str, matchers: Matchers, at_s: float, window_s: float,
-                 by: Sequence[str] = ()) -> dict[Labels, float]:
-        return sum_by(self._per_series_increase(metric, matchers, at_s, window_s), by,
-                      self.semantics)
-
-    def bucket_increase(self, metric: str, matchers: Matchers, at_s: float, window_s: float,
-                        by: Sequence[str] = ()) -> dict[Labels, list[Bucket]]:
-        per_series = self._per_series_increase(metric + SUFFIX_BUCKET, matchers, at_s,
-                                               window_s)
-        summed = sum_by(per_series, (*by, LABEL_LE), self.semantics)
-        groups: dict[Labels, list[Bucket]] = {}
-        for labels, value in summed.items():
-            le = parse_le(dict(labels).get(LABEL_LE, ""))
-            if le is None:
-                continue
-            key = tuple((k, v) for k, v in labels if k in by)
-            groups.setdefault(key, []).append((le, value))
-        return groups
-
-    def instant(self, metric: str, matchers: Matchers, at_s: float) -> dict[Labels, float]:
-        data = {labels: ([p.ts_ms for p in pts], [p.value for p in pts])
-                for labels, pts in self._select(metric, matchers).items()}
-        return instant_vector(data, at_s, self.lookback_s, self.semantics)
-
-    def avg_over_time(self, metric: str, matchers: Matchers, at_s: float,
-                      window_s: float) -> dict[Labels, float]:
-        out = {}
-        for labels, pts in self._select(metric, matchers).items():
-            window = select_range([p.ts_ms for p in pts], [p.value for p in pts], at_s,
-                                  window_s, self.semantics)
-            value = avg_over_time_value(window.values.tolist(), self.semantics)
-            if value is not None:
-                out[labels] = value
-        return out
-
-    def samples(self, metric: str, matchers: Matchers, at_s: float,
-                range_s: float) -> dict[Labels, list[Point]]:
-        out = {}
-        for labels, pts in self._select(metric, matchers).items():
-            window = select_range([p.ts_ms for p in pts], [p.value for p in pts], at_s,
-                                  range_s, self.semantics)
-            if window.ts_ms.size:
-                out[labels] = [Point(int(t), float(v)) for t, v in
-                               zip(window.ts_ms.tolist(), window.values.tolist(), strict=True)]
-        return out
+def series_source(series: Iterable[InputSeries], *, semantics: SemanticsLike = "2",
+                  lookback_s: float = 300.0) -> MemorySource:
+    """The test's input series as a ``Source`` (``slo.sources.memory.MemorySource``): what the
+    embedded engine would compute from them."""
+    data: dict[str, dict[Labels, list[Point]]] = {}
+    for s in series:
+        data.setdefault(s.name, {})[labels_of(s.labels)] = s.points()
+    return MemorySource(data, semantics=semantics, lookback_s=lookback_s)
 
 
 def eval_time_for(interval_s: float) -> float:
@@ -762,7 +688,7 @@ class EngineExpectations:
     config: Config
     pool: PoolConfig
     specs: Sequence[SloSpec]
-    source: SeriesSource
+    source: MemorySource
     at_s: float
     labels: PoolLabels = field(default_factory=PoolLabels)
 
@@ -851,7 +777,7 @@ def _pool_test(config: Config, pool: PoolConfig, specs: Sequence[SloSpec],
     pool_specs = [s for s in specs if s.pool == pool.name]
     inputs, vigil_inputs, labels = _inputs(config, pool, pool_specs)
     expect = EngineExpectations(_expectation_config(config, pool, labels), pool, pool_specs,
-                                SeriesSource(vigil_inputs), at_s, labels)
+                                series_source(vigil_inputs), at_s, labels)
     eval_time = prom_duration(at_s)
     expr_tests = []
     for rule in _pool_rules(recording, pool.name):
