@@ -140,3 +140,10 @@ def test_the_split_follows_what_the_engine_spent(real_vllm: VllmServer,  # noqa:
     assert engine_s <= paid_s <= engine_s * 1.15 + 6 * 0.05, (engine_s, paid_s)
     # 40 decode steps cost more than 4 after a long prefill on this engine.
     assert tenants["globex"].busy_cost > tenants["acme"].busy_cost
+    # The figures, for the record of a run (pytest -s shows them).
+    print(f"\nreal vLLM chargeback: window {t1 - t0:.1f} s, pool {pool.cost / per_s:.1f} "
+          f"replica-s; {reconciliation(whole)[0]['text']}; one at a time: engine e2e "
+          f"{engine_s:.2f} s, paid {paid_s:.2f} s (acme {tenants['acme'].busy_cost / per_s:.2f} "
+          f"s, globex {tenants['globex'].busy_cost / per_s:.2f} s); tokens prompt "
+          f"{sum(r.prompt_tokens for r in rows)}, cached {sum(r.cached_tokens or 0 for r in rows)}"
+          f", output {sum(r.completion_tokens for r in rows)}")

@@ -5,6 +5,9 @@ process, so a test can reach into the replicas (``fleet.replicas[0].engine``) an
 (``fleet.restart(0)``). With ``subprocess=True`` it runs ``vigil sim`` in a child
 process instead (closer to production, and its CPU use can be measured separately); then only
 the URLs are available.
+
+It stays in the package rather than in ``tests/support``: the benchmarks (``bench/``) run
+simulated fleets with it too, and they import the packages, not the test suite.
 """
 
 from __future__ import annotations

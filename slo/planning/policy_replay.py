@@ -45,6 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from slo.cost.pool import gpu_hours_of
 from slo.cost.waste import lower_bound_replicas
 from slo.objectives.spec import effective_slos
 from slo.planning.replica.engine import Engine, EngineConfig
@@ -78,7 +79,6 @@ POLICIES: tuple[PolicyName, ...] = ("threshold", "capacity")
 Traffic = Callable[[float], float] | Sequence[tuple[float, float]] | Sequence[float]
 
 _IDLE_RPS = 1e-6
-_SECONDS_PER_HOUR = 3600.0
 
 
 @dataclass(frozen=True)
@@ -258,7 +258,7 @@ def lower_bound_gpu_hours(rate: Callable[[float], float], start_s: float, end_s:
                          for i in range(samples_per_step)) / samples_per_step
         total += lower_bound_replicas(max(0.0, mean), capacity_rps_per_replica) * step_s
         t += step_s
-    return total / _SECONDS_PER_HOUR * gpus_per_replica
+    return gpu_hours_of(total, gpus_per_replica)
 
 
 @dataclass
@@ -415,6 +415,6 @@ def _run(name: PolicyName, ticks: Sequence[float], tick: float, rate: Callable[[
                     fleet.resize(int(max(span)), now, spinup)
     attainment = {s.name: (good[s.name] / requests if requests > 0 else 1.0) for s in slos}
     meets = all(attainment[s.name] >= s.objective for s in slos)
-    return PolicyRun(name, billed_s / _SECONDS_PER_HOUR * pool.gpus_per_replica, attainment,
+    return PolicyRun(name, gpu_hours_of(billed_s, pool.gpus_per_replica), attainment,
                      meets, timeline, requests, fleet.outs, fleet.ins,
                      notes=(f"{len(book)} simulated load levels",))
