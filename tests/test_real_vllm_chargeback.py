@@ -15,6 +15,7 @@ once, while ``vigil collect`` scrapes the engine every second. Then:
 
 from __future__ import annotations
 
+import collections
 import subprocess
 import sys
 import threading
@@ -54,8 +55,7 @@ def _ask(gw: object, key: str, prompt: str, max_tokens: int) -> None:
     stream = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
         stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-    for _ in stream:
-        pass
+    collections.deque(stream, maxlen=0)  # read the stream to its end
 
 
 def test_the_split_follows_what_the_engine_spent(real_vllm: VllmServer,  # noqa: F811

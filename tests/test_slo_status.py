@@ -176,7 +176,7 @@ def test_source_kind() -> None:
         kind = "prometheus"
 
     class Double:
-        pass
+        """A source without a ``kind``."""
 
     assert source_kind(PrometheusLike()) == "prometheus"
     assert source_kind(Double()) == "Double"

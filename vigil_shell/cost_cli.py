@@ -7,6 +7,7 @@ import argparse
 import csv
 import io
 import json
+import re
 import sys
 from typing import Any, TextIO
 
@@ -23,6 +24,8 @@ from vigil_shell.options import add_at_option, add_config_option, add_prometheus
 __all__ = ["add_arguments", "format_csv", "format_table", "run"]
 
 _NULL = "–"
+#: ``--from 1762732800`` (Unix seconds) rather than an ISO date.
+_SECONDS = re.compile(r"\d+(\.\d*)?")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,12 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _time(text: str, tz: str, flag: str) -> float:
+    """Unix seconds of ``text``: a number of seconds, else an ISO date or date and time."""
     try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        return parse_since(text, tz)
+        return parse_since(text, tz) if not _SECONDS.fullmatch(text) else float(text)
     except ValueError as exc:
         raise UsageError(f"{flag}: {exc}") from None
 

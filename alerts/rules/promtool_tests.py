@@ -338,8 +338,9 @@ class _RegexReader:
             if verbose and token in _VERBOSE_SPACE:
                 continue
             if verbose and token == "#":
+                # A verbose pattern's comment runs to the end of its line: skipped whole.
                 while self._take() not in ("", "\n"):
-                    pass
+                    continue
                 continue
             if token[0] == "\\":
                 items.append(self._escape(token[1]))
@@ -460,8 +461,9 @@ class _RegexReader:
         if kind in (":", ">"):  # non-capturing, atomic
             return _Group(self._inner(verbose), inline=kind == ":")
         if kind == "#":
+            # An inline comment, (?#...), matches nothing: skipped to its parenthesis.
             while self._take() != ")":
-                pass
+                continue
             return None
         if kind in ("=", "!", "<"):  # look-ahead, look-behind
             if kind == "<":
