@@ -1,23 +1,30 @@
-"""The dashboard's Overview and Quality pages over 7 days of 1-minute data for 8 replicas.
+"""Every dashboard page's first load, later loads and refresh over 1-minute data.
 
 Run: ``.venv/bin/python bench/dashboard_bench.py [--replicas 8] [--days 7] [--data DIR]
-[--ranges 6h,24h,7d]``
+[--ranges 6h,24h,7d] [--pages Overview,Quality,...]``; the larger size of the targets:
+``--replicas 20 --days 30``.
 
 1. Builds (once; cached in ``--data``, default ``/tmp/vigil-dashboard-bench``) a store with
    ``bench/slo_bench.py``'s generator: one pool of vLLM replicas, every series the SLOs,
    quantiles, cost and scaling read, a diurnal load, a down stretch and two restarts, then
-   compacted (rollup built) as the collector leaves it.
-2. Renders each page with Streamlit's ``AppTest`` (the real app, pinned to the end of the
+   compacted (rollup built, sealed into chunks) as the collector leaves it.
+2. Starts as ``vigil dashboard`` does (``dashboard.warm.prepare``: the app's modules imported
+   before the first session) and shares one Streamlit component registry between sessions,
+   as a server has one (``AppTest`` would otherwise scan every installed package's metadata
+   for components at each new session, which a server does once at start).
+3. Renders each page with Streamlit's ``AppTest`` (the real app, pinned to the end of the
    data through the URL's ``at``), in one process so that Streamlit's caches are shared as in
    a server:
 
-   * **first load**: empty caches (the config, the store, every engine evaluation);
-   * **after the first load**: the same page again, another session (what a second user or a
-     reload costs; the issue's target is < 2 s);
-   * **refresh**: the end moved one minute later (a live page's auto-refresh): the chart
-     grids keep their cached points, only the newest ones are evaluated.
+   * **first load**: the page and range opened with empty data caches (every cached status,
+     chart point and series cleared first): what the on-call engineer waits for at a new
+     range or pool;
+   * **again**: the same page again, another session (a second user, a reload);
+   * **refresh**: the end moved one minute later (a live page's auto-refresh): the charts
+     keep their cached points, only the newest ones are evaluated.
 
-Prints a Markdown table (seconds, best of ``--repeat`` for the cached cases).
+The process's very first render (Streamlit's own first-run work included) is printed apart.
+Prints a Markdown table (seconds; best of ``--repeat`` for "again" and "refresh").
 """
 
 from __future__ import annotations
@@ -37,13 +44,19 @@ import slo_bench  # noqa: E402 - the generator of bench/slo_bench.py
 from vigil.conventions import DASHBOARD_ENV_CONFIG  # noqa: E402
 
 APP = ROOT / "dashboard" / "app.py"
-PAGES = {"Overview": None, "Quality": "views/quality.py"}
-TARGET_S = 2.0
+#: Page title -> the file ``AppTest.switch_page`` takes (None: the default page).
+PAGES = {"Overview": None, "Quality": "views/quality.py", "Server": "views/server.py",
+         "Business": "views/business.py", "Anomalies": "views/anomalies.py",
+         "Plan": "views/plan.py", "Backtest": "views/backtest.py"}
+#: Targets (seconds): a page's first load, a refresh.
+FIRST_TARGET_S = 1.0
+REFRESH_TARGET_S = 0.3
 
 
 def write_config(folder: Path, db: Path, replicas: int) -> Path:
-    """A config over the bench store: one pool, one vLLM target per replica (never scraped)."""
-    lines = [f'[store]\npath = "{db}"',
+    """A config over the bench store: one pool, one vLLM target per replica (never scraped),
+    scraped every minute as the store's data was."""
+    lines = [f'[store]\npath = "{db}"', '[collector]\nscrape_interval = "60s"',
              f'[[pools]]\nname = "{slo_bench.POOL}"\nmodel = "{slo_bench.MODEL}"\n'
              f'gpu = "H100"\nmax_replicas = {2 * replicas}']
     for r in range(replicas):
@@ -54,24 +67,44 @@ def write_config(folder: Path, db: Path, replicas: int) -> Path:
     return path
 
 
-def render(page: str | None, at_s: float, range_key: str) -> float:
-    """Seconds to run the app's script for ``page`` once, in a new session."""
-    from streamlit.testing.v1 import AppTest
+class Sessions:
+    """New ``AppTest`` sessions sharing one component registry, as a server's sessions do."""
 
-    app = AppTest.from_file(str(APP), default_timeout=600)
-    app.query_params["at"] = repr(at_s)
-    app.query_params["range"] = range_key
-    if page is not None:
-        # A session lands on a page: the first run registers the pages, the second is the
-        # page itself (timed).
+    def __init__(self) -> None:
+        self._components: object | None = None
+
+    def render(self, page: str | None, at_s: float, range_key: str) -> float:
+        """Seconds to run the app's script for ``page`` once, in a new session."""
+        from streamlit.testing.v1 import AppTest
+
+        app = AppTest.from_file(str(APP), default_timeout=600)
+        if self._components is not None:
+            app._bidi_component_manager = self._components
+        app.query_params["at"] = repr(at_s)
+        app.query_params["range"] = range_key
+        if page is not None:
+            # A session lands on a page: the first run registers the pages, the second is the
+            # page itself (timed).
+            app.run()
+            app.switch_page(page)
+        t0 = time.perf_counter()
         app.run()
-        app.switch_page(page)
-    t0 = time.perf_counter()
-    app.run()
-    elapsed = time.perf_counter() - t0
-    if app.exception:
-        raise RuntimeError(f"{page}: {[e.value for e in app.exception]}")
-    return elapsed
+        elapsed = time.perf_counter() - t0
+        self._components = app._bidi_component_manager
+        if app.exception:
+            raise RuntimeError(f"{page}: {[e.value for e in app.exception]}")
+        return elapsed
+
+
+def clear_data_caches() -> None:
+    """Empty every data cache of the dashboard (statuses, points, series), keeping the
+    resources (the config, the open store) a running server holds."""
+    import streamlit as st
+
+    from dashboard import data
+
+    st.cache_data.clear()
+    data.clear_settled_points()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--days", type=float, default=7.0)
     parser.add_argument("--ranges", default="6h,24h,7d",
                         help="time ranges to render, comma-separated (the dashboard's choices)")
+    parser.add_argument("--pages", default=",".join(PAGES),
+                        help="pages to render, comma-separated titles")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--data", type=Path, default=Path("/tmp/vigil-dashboard-bench"))
     args = parser.parse_args(argv)
@@ -92,26 +127,38 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[DASHBOARD_ENV_CONFIG] = str(config)
     end = slo_bench.END_MS / 1000
 
+    t0 = time.perf_counter()
+    from dashboard.warm import prepare
+
+    prepare()
+    started = time.perf_counter() - t0
+    sessions = Sessions()
+    cold = sessions.render(None, end, args.ranges.split(",")[0])
+
     rows = []
     met = True
     for range_key in args.ranges.split(","):
-        for name, page in PAGES.items():
-            first = render(page, end, range_key)
-            again = min(render(page, end, range_key) for _ in range(args.repeat))
-            refresh = min(render(page, end + 60.0 * (i + 1), range_key)
+        for name in args.pages.split(","):
+            page = PAGES[name]
+            clear_data_caches()
+            first = sessions.render(page, end, range_key)
+            again = min(sessions.render(page, end, range_key) for _ in range(args.repeat))
+            refresh = min(sessions.render(page, end + 60.0 * (i + 1), range_key)
                           for i in range(args.repeat))
-            met = met and again < TARGET_S
-            ok = "yes" if again < TARGET_S else "**no**"
-            rows.append(f"| {name} | {range_key} | {first:.2f} s | **{again:.2f} s** "
-                        f"| {refresh:.2f} s | {ok} |")
+            ok = first <= FIRST_TARGET_S and refresh <= REFRESH_TARGET_S
+            met = met and ok
+            rows.append(f"| {name} | {range_key} | **{first:.2f} s** | {again:.2f} s "
+                        f"| {refresh:.2f} s | {'yes' if ok else '**no**'} |")
             print(f"  {name} {range_key}: first {first:.2f} s, again {again:.2f} s, "
                   f"refresh {refresh:.2f} s", file=sys.stderr, flush=True)
 
     print(f"\nDashboard pages over {args.replicas} replicas × {args.days:g} days of 1-minute "
           f"data ({int(built['rows']):,} samples), `AppTest` in one process, "
-          f"{os.cpu_count()} CPUs; best of {args.repeat} for the cached cases\n")
-    print("| page | range | first load | after the first load | refresh (end + 1 min) "
-          f"| < {TARGET_S:g} s |")
+          f"{os.cpu_count()} CPUs; best of {args.repeat} for again and refresh. Server start "
+          f"(`dashboard.warm.prepare`) {started:.2f} s; the process's first render "
+          f"{cold:.2f} s.\n")
+    print(f"| page | range | first load | again | refresh (end + 1 min) "
+          f"| first ≤ {FIRST_TARGET_S:g} s, refresh ≤ {REFRESH_TARGET_S:g} s |")
     print("|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 0 if met else 1

@@ -18,11 +18,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import altair as alt
 import pandas as pd
 
-__all__ = ["HEIGHT", "LABEL_GAP", "Rule", "bars", "label_centres", "label_expressions",
+__all__ = ["HEIGHT", "LABEL_GAP", "Layers", "Rule", "bars", "label_centres", "label_expressions",
            "lines", "long_frame", "time_axis", "y_domain"]
 
 #: Chart height in pixels: two charts side by side stay readable on a laptop screen.
@@ -39,6 +40,18 @@ _LABEL_ABOVE = 8.0
 _LABEL_EDGE = 7.0
 #: Room above the highest line or rule (share of the domain), so neither sits on the frame.
 _HEADROOM = 0.15
+
+
+class Layers(alt.LayerChart):
+    """The builders' layered chart: an ``alt.LayerChart`` that is not checked against the
+    Vega-Lite schema each time Streamlit draws it (``to_dict``'s ``validate`` off unless
+    asked). The builders below make a handful of fixed shapes, which the tests check against
+    the schema (``tests/test_dashboard_units.py``); checking again on every draw cost ~45 ms
+    a chart, a fifth of a page's render."""
+
+    def to_dict(self, *args: Any, validate: bool = False, **kwargs: Any) -> dict[str, Any]:
+        """``alt.LayerChart.to_dict`` without the schema check unless ``validate``."""
+        return super().to_dict(*args, validate=validate, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -133,14 +146,16 @@ def _rules_layer(rules: Sequence[Rule], y_format: str, y_scale: alt.Scale,
         color=alt.Color("color:N", scale=None),
         tooltip=[alt.Tooltip("label:N", title="line"),
                  alt.Tooltip("value:Q", format=y_format)])
-    x = alt.value({"expr": "width"}) if right else alt.value(0)
+    # Channel objects, not ``alt.value`` dicts: Altair turns a dict into its channel class
+    # through ``from_dict``, which hashes its whole schema each time (~10 ms a call).
+    x = alt.XValue(alt.ExprRef(expr="width")) if right else alt.XValue(0)
     text = {"align": "right" if right else "left", "baseline": "middle",
             "dx": -3 if right else 3, "fontSize": LABEL_FONT}
     layers: list[alt.Chart] = [line]
     for rule, expr in zip(rules, label_expressions([r.value for r in rules], domain),
                           strict=True):
         one = alt.Chart(pd.DataFrame([{"label": rule.label}]))
-        enc = {"x": x, "y": alt.value({"expr": expr}), "text": alt.Text("label:N")}
+        enc = {"x": x, "y": alt.YValue(alt.ExprRef(expr=expr)), "text": alt.Text("label:N")}
         # The halo first, the text over it: a label stays readable across a line or a bar.
         layers.append(one.mark_text(**text, stroke="white", strokeWidth=3, strokeOpacity=0.85,
                                     strokeJoin="round").encode(**enc))
@@ -175,7 +190,7 @@ def _datetime(seconds: float) -> dict[str, int | bool]:
 
 def lines(df: pd.DataFrame, *, y_title: str, y_format: str = ".3~f",
           rules: Sequence[Rule] = (), height: int = HEIGHT, y_zero: bool = True,
-          ) -> alt.LayerChart:
+          ) -> Layers:
     """One line per ``series`` over ``time``, with dashed ``rules``. The y scale always
     includes the rules, so a threshold far above the data is still visible."""
     times = df["time"].map(pd.Timestamp.timestamp) if len(df) else pd.Series([0.0])
@@ -195,13 +210,13 @@ def lines(df: pd.DataFrame, *, y_title: str, y_format: str = ".3~f",
                  alt.Tooltip("series:N"), alt.Tooltip("value:Q", format=y_format)],
     )
     # Independent colours: the lines' palette has a legend, the rules carry their own colour.
-    return alt.layer(chart, *_rules_layer(rules, y_format, y_scale, domain)).resolve_scale(
-        color="independent").properties(height=height)
+    return Layers(layer=[chart, *_rules_layer(rules, y_format, y_scale, domain)]
+                  ).resolve_scale(color="independent").properties(height=height)
 
 
 def bars(df: pd.DataFrame, *, x: str, y: str, x_title: str, y_title: str,
          y_format: str = ".3~f", rules: Sequence[Rule] = (), color: str | None = None,
-         sort: Sequence[str] | None = None, height: int = HEIGHT) -> alt.LayerChart:
+         sort: Sequence[str] | None = None, height: int = HEIGHT) -> Layers:
     """Bars of ``y`` per category ``x`` (in ``sort`` order), with dashed ``rules``; ``color``
     names a column holding each bar's colour."""
     domain = y_domain([*map(float, df[y].dropna()), *(r.value for r in rules)])
@@ -216,6 +231,5 @@ def bars(df: pd.DataFrame, *, x: str, y: str, x_title: str, y_title: str,
     if color:
         enc["color"] = alt.Color(f"{color}:N", scale=None)
     chart = alt.Chart(df).mark_bar().encode(**enc)
-    return alt.layer(chart, *_rules_layer(rules, y_format, y_scale, domain, right=True)
-                     ).resolve_scale(
-        color="independent").properties(height=height)
+    return Layers(layer=[chart, *_rules_layer(rules, y_format, y_scale, domain, right=True)]
+                  ).resolve_scale(color="independent").properties(height=height)

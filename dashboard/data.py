@@ -5,11 +5,15 @@
   shared by every session and keyed by the config file's path and modification time, so an
   edited config is picked up. A store that does not exist yet is not cached: it is looked for
   again on the next run.
-* The status (``slo.status.evaluate``) and every chart point are data (``st.cache_data``).
-  Chart points are cached one by one (``point``): a chart's times are the multiples of its
-  step (``dashboard.timeseries.chart_times``), so a refresh computes only the new points.
-  A point older than ``SETTLED_SCRAPES`` scrape intervals can no longer change and is kept for
-  an hour; a recent one (its last samples may still be arriving) for a few seconds.
+* The status (``slo.status.evaluate``) and every chart point are data. A chart's times are
+  the multiples of its step (``dashboard.timeseries.chart_times``), so a refresh computes
+  only the new points. A point older than ``SETTLED_SCRAPES`` scrape intervals can no longer
+  change and is kept for an hour; a recent one (its last samples may still be arriving) for a
+  few seconds (``st.cache_data``).
+* A chart's settled points are computed together: those not cached yet are evaluated on a
+  source that answers each query at all of them from one range read
+  (``slo.sources.on_grid``), with the same point functions and the same numbers, so the
+  first look at a range reads each series once instead of once per point.
 * Live "now" is the clock rounded down to the scrape interval: within one interval the data
   cannot differ, so clicks and refreshes reuse the cache.
 
@@ -22,6 +26,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +40,7 @@ from dashboard import alerts_view, gateway_data, status_view, timeseries
 from dashboard.controls import View
 from slo.objectives.anomaly import pool_anomalies
 from slo.objectives.spec import SloSpec, effective_slos
+from slo.sources.on_grid import on_grid
 from slo.sources.open import open_source
 from slo.sources.protocol import RequestLog, Source
 from slo.status import evaluate
@@ -46,6 +54,7 @@ __all__ = [
     "SETTLED_SCRAPES",
     "Context",
     "Env",
+    "clear_settled_points",
     "config_path",
     "context",
     "empty_states",
@@ -282,9 +291,77 @@ def point(ctx: Context, kind: str, t: float, *args: Any, clock: Clock = system_c
     return fn(ctx.key, kind, tuple(args), t)
 
 
+class _SettledPoints:
+    """Settled chart points of every session, by ``(config key, kind, args, t)``, each kept
+    ``ttl_s`` seconds, the ``max_entries`` most recently used.
+
+    Written here rather than with ``st.cache_data``: a series computes its missing points
+    in one batch (``slo.sources.on_grid``), so it must first know which of its points are
+    cached, which a ``st.cache_data`` function cannot tell without computing the others one
+    by one. Values are only read to build a series, which ``st.cache_data`` then copies."""
+
+    def __init__(self, max_entries: int, ttl_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._entries: OrderedDict[Any, tuple[float, Any]] = OrderedDict()
+        self._max = max_entries
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+
+    def get_many(self, keys: Sequence[Any]) -> dict[Any, Any]:
+        """The cached values of ``keys`` that are present and fresh."""
+        now = self._clock()
+        out: dict[Any, Any] = {}
+        with self._lock:
+            for k in keys:
+                hit = self._entries.get(k)
+                if hit is None:
+                    continue
+                if now - hit[0] > self._ttl_s:
+                    del self._entries[k]
+                    continue
+                self._entries.move_to_end(k)
+                out[k] = hit[1]
+        return out
+
+    def clear(self) -> None:
+        """Forget every point."""
+        with self._lock:
+            self._entries.clear()
+
+    def put(self, key: Any, value: Any) -> None:
+        """Keep ``value`` for ``key``, dropping the least recently used beyond the bound."""
+        with self._lock:
+            self._entries[key] = (self._clock(), value)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._max:
+                self._entries.popitem(last=False)
+
+
+_SETTLED_POINTS = _SettledPoints(max_entries=50_000, ttl_s=SETTLED_TTL_S)
+
+
+def clear_settled_points() -> None:
+    """Forget every settled chart point (``st.cache_data.clear()`` does not reach them)."""
+    _SETTLED_POINTS.clear()
+
+
 def _settled_series(key: tuple[str, int], kind: str, args: tuple[Any, ...],
                     times: tuple[float, ...]) -> list[tuple[float, Any]]:
-    return [(t, _point_settled(key, kind, args, t)) for t in times]
+    """The settled points at ``times``: those cached, and the others computed together, on a
+    source that answers them from one range read per query where they lie on a grid (the
+    first look at a range reads each series once, not once per point)."""
+    keys = [(key, kind, args, t) for t in times]
+    found = _SETTLED_POINTS.get_many(keys)
+    missing = [t for t, k in zip(times, keys, strict=True) if k not in found]
+    if missing:
+        e = env(key)
+        batch = Env(e.config, on_grid(e.source, missing), e.log)
+        for t in missing:
+            k = (key, kind, args, t)
+            found[k] = _POINTS[kind](batch, t, *args)
+            _SETTLED_POINTS.put(k, found[k])
+    return [(t, found[k]) for t, k in zip(times, keys, strict=True)]
 
 
 # One lookup for a whole settled series: a point lookup costs ~0.4 ms (hashing, copying), so a

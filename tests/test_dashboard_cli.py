@@ -74,7 +74,7 @@ def test_old_address_and_port_flags_still_work_with_a_note(
 
 def test_streamlit_command_is_headless_without_usage_statistics() -> None:
     cmd = streamlit_command("127.0.0.1", 8600)
-    assert cmd[:5] == [sys.executable, "-m", "streamlit", "run", str(APP_PATH)]
+    assert cmd[:5] == [sys.executable, "-m", "dashboard.warm", "run", str(APP_PATH)]
     opts = dict(zip(cmd[5::2], cmd[6::2], strict=True))
     assert opts["--server.headless"] == "true"
     assert opts["--server.address"] == "127.0.0.1"

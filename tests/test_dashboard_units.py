@@ -179,6 +179,22 @@ def test_lines_place_each_rule_label_by_expression_over_an_exact_domain() -> Non
     assert all("height" in ly["encoding"]["y"]["value"]["expr"] for ly in texts)
 
 
+def test_the_builders_charts_meet_the_vega_lite_schema() -> None:
+    # Drawing skips the schema check (charts.Layers); this is where it is made.
+    from dashboard.charts import Layers, Rule, bars, lines, long_frame
+
+    df = long_frame([(AT - 60, "p95", 2.4), (AT, "p95", 2.5), (AT, "p99", None)])
+    rules = [Rule(0.8, "SLO ≤ 800 ms"), Rule(0.64, "scale out", "#ffa421")]
+    frame = df.assign(window=df["series"])
+    for chart in (lines(df, y_title="seconds", rules=rules), lines(df, y_title="s"),
+                  bars(frame, x="window", y="value", x_title="w", y_title="v", rules=rules,
+                       sort=["p95"]),
+                  bars(frame.assign(c="#ff4b4b"), x="window", y="value", x_title="w",
+                       y_title="v", color="c")):
+        assert isinstance(chart, Layers)
+        assert chart.to_dict(validate=True) == chart.to_dict()
+
+
 def test_y_domain_has_headroom_and_zero() -> None:
     from dashboard.charts import y_domain
 

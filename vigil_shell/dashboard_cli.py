@@ -1,6 +1,7 @@
 """``vigil dashboard --config F [--listen HOST:PORT] [--at T]``: run the Streamlit app.
 
-It starts ``python -m streamlit run dashboard/app.py`` headless, without usage statistics,
+It starts ``python -m dashboard.warm run dashboard/app.py`` (Streamlit's ``run``, after loading
+the app's code so that the first visitor does not wait for it) headless, without usage statistics,
 on ``[dashboard] address:port`` (127.0.0.1:8501 by default; ``--listen`` overrides both), and
 hands the config file to the app in ``VIGIL_CONFIG`` (``--at`` pins "now" in
 ``VIGIL_DASHBOARD_AT``). Binding to anything but loopback without authentication (a password in
@@ -72,10 +73,11 @@ def listen_address(args: argparse.Namespace, config: Config) -> tuple[str, int]:
 
 
 def streamlit_command(address: str, port: int) -> list[str]:
-    """The command that serves the app: headless, no usage statistics, no file watcher (the
-    code does not change under a running dashboard), a viewer's toolbar."""
+    """The command that serves the app: Streamlit's ``run`` with the app's code loaded first
+    (``dashboard.warm``), headless, no usage statistics, no file watcher (the code does not
+    change under a running dashboard), a viewer's toolbar."""
     return [
-        sys.executable, "-m", "streamlit", "run", str(APP_PATH),
+        sys.executable, "-m", "dashboard.warm", "run", str(APP_PATH),
         "--server.headless", "true",
         "--server.address", address,
         "--server.port", str(port),
