@@ -5,6 +5,7 @@ TTL and LRU on a manual clock, only completed answers are stored."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import numpy as np
@@ -364,7 +365,19 @@ def test_a_saturated_embedder_misses_instead_of_queueing() -> None:
         await remember(cache, chat(PASSWORD), PASSWORD_ANSWER)  # the partition is not empty
         questions = [f"How do I export report number {i}?" for i in range(MAX_PENDING + 3)]
         keys = [decide(cache, chat(q)).key for q in questions]
-        results = await asyncio.gather(*(cache.lookup(k) for k in keys))
+        # The embedding thread is held until every lookup has asked: an encode ending
+        # between two asks would free a place, and how many are refused would then depend
+        # on the machine's load.
+        gate = threading.Event()
+        embedder = local_embedder()
+        embedder._executor.submit(gate.wait)
+        lookups = asyncio.gather(*(cache.lookup(k) for k in keys))
+        for _ in range(5000):
+            if cache.stats().embeddings_busy == 3:
+                break
+            await asyncio.sleep(0.001)
+        gate.set()
+        results = await lookups
         assert results == [None] * len(keys)
         stats = cache.stats()
         assert (stats.embeddings_busy, stats.embedding_failures) == (3, 0)

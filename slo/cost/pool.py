@@ -85,9 +85,7 @@ Units: USD, GPU-hours, seconds.
 
 from __future__ import annotations
 
-import itertools
 import math
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -97,6 +95,7 @@ import numpy.typing as npt
 from slo.objectives.quantiles import finite_or_none
 from slo.objectives.sli import replica_label, replica_of, vllm_matchers, vllm_up_matchers
 from slo.promql.aggregate import sum_by
+from slo.promql.lookup import Semantics, duration_ms, eval_time_ms
 from slo.sources.protocol import Downsampled, RequestLog, Source, is_external
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
@@ -144,7 +143,8 @@ def reached_engine(record: RequestRecord) -> bool:
 
 
 def coverage_interval(
-    configured_s: float | None, ts_ms: Sequence[int], default_s: float, lookback_s: float
+    configured_s: float | None, ts_ms: Sequence[int] | npt.NDArray[np.int64], default_s: float,
+    lookback_s: float,
 ) -> float:
     """Seconds one sample of a target stands for: ``configured_s`` (its scrape interval) when
     known; else the median spacing of its samples ``ts_ms`` (Unix ms, in order) when there are
@@ -152,7 +152,9 @@ def coverage_interval(
     if configured_s is not None:
         return min(configured_s, lookback_s)
     if len(ts_ms) >= MIN_SAMPLES_FOR_SPACING:
-        spacing = statistics.median(b - a for a, b in itertools.pairwise(ts_ms)) / 1000.0
+        # The middle spacing, or the mean of the two middle ones: statistics.median's value
+        # (exact in float64 for millisecond gaps), over arrays of a month of samples.
+        spacing = float(np.median(np.diff(np.asarray(ts_ms, dtype=np.int64)))) / 1000.0
         if spacing > 0:
             return min(spacing, lookback_s)
     return min(default_s, lookback_s)
@@ -186,18 +188,16 @@ def up_seconds(
     configured, unlisted = _scrape_intervals(source, config, pool)
     thinned = source.downsampled() if isinstance(source, Downsampled) else None
     out: dict[Labels, float] = {}
-    series = source.samples(SERIES_UP, vllm_up_matchers(pool, source), at_s, window_s)
-    for labels, points in series.items():
-        pts = [p for p in points if p.value is not None and not math.isnan(p.value)]
-        if not pts:
-            continue
-        billed = pts if pool.bill_down_time else [p for p in pts if p.value == 1.0]
+    series = _sample_arrays(source, SERIES_UP, vllm_up_matchers(pool, source), at_s, window_s,
+                            chunked=False)
+    for labels, (ts, values) in series.items():
+        billed = ts if pool.bill_down_time else ts[values == 1.0]
         interval = coverage_interval(
             configured.get(dict(labels).get(LABEL_INSTANCE, ""), unlisted),
-            [p.ts_ms for p in pts], config.collector.scrape_interval, config.engine.lookback,
+            ts, config.collector.scrape_interval, config.engine.lookback,
         )
         before_ms, resolution_s = thinned if thinned is not None else (None, 0.0)
-        old = 0 if before_ms is None else sum(1 for p in billed if p.ts_ms < before_ms)
+        old = 0 if before_ms is None else int(np.count_nonzero(billed < before_ms))
         if old:
             # Downsampled history: each kept sample is the last of its bucket.
             seconds = (len(billed) - old) * interval + old * max(interval, resolution_s)
@@ -251,16 +251,14 @@ def billed_intervals(
     out: dict[str, list[tuple[float, float]]] = {}
     # A sample shortly after the window stands for seconds inside it: read one lookback on
     # (the caller clips the intervals to the window).
-    for labels, points in samples_between(source, SERIES_UP, vllm_up_matchers(pool, source),
-                                          lo_s, hi_s + config.engine.lookback).items():
-        pts = [p for p in points if p.value is not None and not math.isnan(p.value)]
-        if not pts:
-            continue
+    hi = hi_s + config.engine.lookback
+    up = _sample_arrays(source, SERIES_UP, vllm_up_matchers(pool, source), hi, hi - lo_s,
+                        chunked=True)
+    for labels, (all_ts, values) in up.items():
         interval = coverage_interval(
             configured.get(dict(labels).get(LABEL_INSTANCE, ""), unlisted),
-            [p.ts_ms for p in pts], config.collector.scrape_interval, config.engine.lookback)
-        ts = np.array([p.ts_ms for p in pts if pool.bill_down_time or p.value == 1.0],
-                      dtype=np.int64)
+            all_ts, config.collector.scrape_interval, config.engine.lookback)
+        ts = all_ts if pool.bill_down_time else all_ts[values == 1.0]
         if not len(ts):
             continue
         cover = np.full(len(ts), interval)
@@ -270,6 +268,36 @@ def billed_intervals(
         out.setdefault(replica_of(labels, replica_label(pool, source)), []).extend(
             _union(end - cover, end))
     return out
+
+
+def _sample_arrays(source: Source, metric: str, matchers: Any, at_s: float, range_s: float,
+                   *, chunked: bool
+                   ) -> dict[Labels, tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]]:
+    """The samples per series that ``samples(metric, at_s, range_s)`` gives, as arrays:
+    times (Unix ms) and values, staleness markers and NaN left out.
+
+    Vigil's store hands them over as arrays in one read: a month of a fleet's scrapes is
+    millions of samples, and as ``Point`` objects most of a month's chargeback, and of a
+    chart of cost, went to making them. Any other source answers ``samples``, a day at a time
+    (``samples_between``) when ``chunked``."""
+    store = getattr(source, "store", None)
+    if store is not None and not is_external(source) and hasattr(store, "series_arrays"):
+        # samples()'s window edges: 2.x keeps ts == at - range, 3.x does not.
+        at_ms = eval_time_ms(at_s)
+        mint = at_ms - duration_ms(range_s)
+        first_ms = mint if source.semantics is Semantics.V2 else mint + 1
+        out: dict[Labels, tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = {}
+        for key, _, ts, vals, stale in store.series_arrays(metric, matchers, first_ms, at_ms):
+            keep = ~stale & ~np.isnan(vals)
+            if keep.any():
+                out[key.labels] = (ts[keep], vals[keep])
+        return out
+    read = (samples_between(source, metric, matchers, at_s - range_s, at_s) if chunked
+            else source.samples(metric, matchers, at_s, range_s))
+    return {labels: (np.array([p.ts_ms for p in pts], dtype=np.int64),
+                     np.array([p.value for p in pts], dtype=np.float64))
+            for labels, points in read.items()
+            if (pts := [p for p in points if p.value is not None and not math.isnan(p.value)])}
 
 
 def _union(starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64]
@@ -307,13 +335,12 @@ def idle_share(source: Source, pool: PoolConfig, at_s: float, window_s: float) -
     """Share (0-1) of the pool's ``vllm:num_requests_running`` samples in the window that are 0;
     ``None`` without samples. Counted over samples, so every scrape of every engine weighs
     the same."""
-    samples = source.samples(VLLM_REQUESTS_RUNNING, vllm_matchers(pool, source), at_s,
-                             window_s)
-    values = [p.value for pts in samples.values() for p in pts
-              if p.value is not None and not math.isnan(p.value)]
-    if not values:
+    series = _sample_arrays(source, VLLM_REQUESTS_RUNNING, vllm_matchers(pool, source), at_s,
+                            window_s, chunked=False)
+    count = sum(len(values) for _, values in series.values())
+    if not count:
         return None
-    return sum(1 for v in values if v == 0) / len(values)
+    return sum(int(np.count_nonzero(values == 0)) for _, values in series.values()) / count
 
 
 def tier_costs(

@@ -10,8 +10,8 @@ value is the one the instant query gives there (``slo.sources.protocol.RangeSour
 ``OnGrid`` puts the two together without changing the functions that evaluate a point: it is
 the wrapped source with ``increase``, ``bucket_increase``, ``instant`` and ``avg_over_time``
 answered, at the grid's instants, from one range query per ``(query, window)``, kept for the
-next instant, and ``samples`` (the cost's ``up`` samples) sliced from one read of the whole
-span. Anything else, and any other instant, goes to the wrapped source as it is.
+next instant. Anything else (``samples``: what reads them in bulk reads Vigil's store as
+arrays, ``slo.cost.pool``), and any other instant, goes to the wrapped source as it is.
 
 ``avg_over_time`` is taken from the range form only under 3.x rules and for integer-valued
 series (``up``), where ``slo.promql.tracks.mean_over_time_track`` is exact; otherwise the
@@ -25,13 +25,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from slo.promql.lookup import IntArray, Semantics, duration_ms, window_bounds
+from slo.promql.lookup import Semantics
 from slo.promql.quantile import Bucket
 from slo.promql.tracks import Grid, Track
-from slo.sources.protocol import Matchers, RangeSource, is_external
-from vigil.model import Labels, Point
+from slo.sources.protocol import Matchers, RangeSource
+from vigil.model import Labels
 
 __all__ = ["OnGrid", "grid_of", "on_grid"]
 
@@ -139,31 +137,6 @@ class OnGrid:
         tracks = self._once(("instant", metric, _key(matchers)),
                             lambda: self._source.instant_range(metric, matchers, self._grid))
         return _at(tracks, i)
-
-    def samples(self, metric: str, matchers: Matchers, at_s: float, range_s: float
-                ) -> dict[Labels, list[Point]]:
-        """``Source.samples``; at a grid instant of a source of its own (not ``external``),
-        sliced from one read of every instant's range together (a Prometheus is asked range
-        by range: one answer for all could be hundreds of megabytes)."""
-        i = self._index(at_s)
-        if i is None or is_external(self._source):
-            return self._source.samples(metric, matchers, at_s, range_s)
-        g = self._grid
-
-        def read() -> dict[Labels, tuple[IntArray, list[Point]]]:
-            span_s = (g.end_ms - g.start_ms) / 1000.0 + range_s
-            got = self._source.samples(metric, matchers, g.end_ms / 1000.0, span_s)
-            return {labels: (np.array([p.ts_ms for p in pts], dtype=np.int64), pts)
-                    for labels, pts in got.items()}
-
-        union = self._once(("samples", metric, _key(matchers), range_s), read)
-        at_ms = g.start_ms + i * g.step_ms
-        out: dict[Labels, list[Point]] = {}
-        for labels, (ts, pts) in union.items():
-            lo, hi = window_bounds(ts, at_ms, duration_ms(range_s), self._source.semantics)
-            if hi > lo:
-                out[labels] = pts[lo:hi]
-        return out
 
     def avg_over_time(self, metric: str, matchers: Matchers, at_s: float, window_s: float
                       ) -> dict[Labels, float]:
