@@ -54,6 +54,14 @@ class Layers(alt.LayerChart):
         return super().to_dict(*args, validate=validate, **kwargs)
 
 
+def _layers(layers: list[alt.Chart], height: int) -> Layers:
+    """``layers`` over one another, colours independent (the lines' palette has a legend,
+    the rules carry their own colour), ``height`` pixels high: made in one step, since each
+    of ``resolve_scale`` and ``properties`` copies every layer again."""
+    return Layers(layer=layers, height=height,
+                  resolve=alt.Resolve(scale=alt.ScaleResolveMap(color="independent")))
+
+
 @dataclass(frozen=True)
 class Rule:
     """A horizontal line at ``value`` (a threshold, an SLO, an alert factor), labelled."""
@@ -209,9 +217,7 @@ def lines(df: pd.DataFrame, *, y_title: str, y_format: str = ".3~f",
         tooltip=[alt.Tooltip("time:T", title="time (UTC)", format="%Y-%m-%d %H:%M:%S"),
                  alt.Tooltip("series:N"), alt.Tooltip("value:Q", format=y_format)],
     )
-    # Independent colours: the lines' palette has a legend, the rules carry their own colour.
-    return Layers(layer=[chart, *_rules_layer(rules, y_format, y_scale, domain)]
-                  ).resolve_scale(color="independent").properties(height=height)
+    return _layers([chart, *_rules_layer(rules, y_format, y_scale, domain)], height)
 
 
 def bars(df: pd.DataFrame, *, x: str, y: str, x_title: str, y_title: str,
@@ -231,5 +237,5 @@ def bars(df: pd.DataFrame, *, x: str, y: str, x_title: str, y_title: str,
     if color:
         enc["color"] = alt.Color(f"{color}:N", scale=None)
     chart = alt.Chart(df).mark_bar().encode(**enc)
-    return Layers(layer=[chart, *_rules_layer(rules, y_format, y_scale, domain, right=True)]
-                  ).resolve_scale(color="independent").properties(height=height)
+    return _layers([chart, *_rules_layer(rules, y_format, y_scale, domain, right=True)],
+                   height)
