@@ -6,7 +6,8 @@ configuration beside the cheapest one that meets the SLOs), the waste over the r
 
 Every missing piece is named with its cause (``PlanPage.profiles_note`` and the like), so that
 the page never draws an empty chart that reads as "nothing is needed". The page caches
-``plan_page`` (``dashboard/views/plan.py``); nothing here touches Streamlit.
+``plan_without_waste`` and ``with_waste`` apart (``dashboard/views/plan.py``): the plan does not
+depend on the range, the waste does. Nothing here touches Streamlit.
 
 Units: requests per second, seconds (times are Unix seconds), GPU-hours, USD.
 """
@@ -40,8 +41,10 @@ __all__ = [
     "badge",
     "curve_rows",
     "plan_page",
+    "plan_without_waste",
     "replay_summary",
     "waste_rows",
+    "with_waste",
 ]
 
 #: The colour of each basis badge (Streamlit's badge colours): the most trustworthy green.
@@ -166,13 +169,13 @@ def _waste(source: Source, config: Config, pool: PoolConfig, today: CapacityProf
     return found, None
 
 
-def plan_page(config: Config, config_path: str, source: Source, pool: PoolConfig,
-              at_s: float, *, days: int = DEFAULT_DAYS, range_s: tuple[float, float]
-              ) -> PlanPage:
-    """Everything the Plan page shows for ``pool`` at ``at_s`` (Unix seconds): the forecast
-    from the ``days`` days before it, the plan of every saved profile, and the waste over
-    ``range_s`` = ``(start, end)`` Unix seconds. ``config_path`` is named in the empty
-    states' commands."""
+def plan_without_waste(config: Config, config_path: str, source: Source, pool: PoolConfig,
+                       at_s: float, *, days: int = DEFAULT_DAYS) -> PlanPage:
+    """``plan_page`` but for the waste (``waste`` and ``waste_note`` None; ``with_waste``
+    adds it): the candidates, the forecast from the ``days`` days before ``at_s`` (Unix
+    seconds) and the plan, none of which depends on the range the page shows. A week of
+    history is most of the page's work, so the page keeps it apart from the range's waste:
+    another range reuses it."""
     path = str(config.capacity_profiles_path())
     profiles, candidate_notes, profiles_note = _profiles(config, config_path, pool, source,
                                                          at_s, days)
@@ -183,18 +186,39 @@ def plan_page(config: Config, config_path: str, source: Source, pool: PoolConfig
         # What vigil plan lists as left out, too.
         result = replace(result, notes=(*candidate_notes, *result.notes))
         plan_note = _plan_note(result, pool)
-    if profiles_note is not None:
-        found, waste_note = None, "No waste figure: " + profiles_note
-    else:
-        # Today's profile as the plan chose it; without a plan (no traffic), as the scaling
-        # policy finds it.
-        today = (result.today.profile if result is not None and result.today is not None
-                 else ProfileStore(path).find(pool))
-        found, waste_note = _waste(source, config, pool, today, *range_s)
     return PlanPage(pool=pool.name, at_s=at_s, days=days, profiles_path=path,
                     profiles=tuple(profiles), profiles_note=profiles_note, traffic=traffic,
                     traffic_note=traffic_note, result=result, plan_note=plan_note,
-                    waste=found, waste_note=waste_note)
+                    waste=None, waste_note=None)
+
+
+def with_waste(page: PlanPage, config: Config, source: Source, pool: PoolConfig,
+               range_s: tuple[float, float]) -> PlanPage:
+    """``page`` (``plan_without_waste``) with the waste over ``range_s`` = ``(start, end)``
+    Unix seconds, at today's capacity as the plan chose it."""
+    found: WasteResult | None
+    waste_note: str | None
+    if page.profiles_note is not None:
+        found, waste_note = None, "No waste figure: " + page.profiles_note
+    else:
+        # Today's profile as the plan chose it; without a plan (no traffic), as the scaling
+        # policy finds it.
+        today = (page.result.today.profile
+                 if page.result is not None and page.result.today is not None
+                 else ProfileStore(page.profiles_path).find(pool))
+        found, waste_note = _waste(source, config, pool, today, *range_s)
+    return replace(page, waste=found, waste_note=waste_note)
+
+
+def plan_page(config: Config, config_path: str, source: Source, pool: PoolConfig,
+              at_s: float, *, days: int = DEFAULT_DAYS, range_s: tuple[float, float]
+              ) -> PlanPage:
+    """Everything the Plan page shows for ``pool`` at ``at_s`` (Unix seconds): the forecast
+    from the ``days`` days before it, the plan of every saved profile, and the waste over
+    ``range_s`` = ``(start, end)`` Unix seconds. ``config_path`` is named in the empty
+    states' commands."""
+    page = plan_without_waste(config, config_path, source, pool, at_s, days=days)
+    return with_waste(page, config, source, pool, range_s)
 
 
 @dataclass(frozen=True)

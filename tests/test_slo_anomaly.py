@@ -73,6 +73,43 @@ def test_no_traffic_no_anomaly(store: Store) -> None:
     assert pool_anomalies(EmbeddedSource(store), CONFIG, POOL, AT) == []
 
 
+@pytest.mark.parametrize("semantics", ["3", "2"])
+def test_the_rollup_answers_as_the_samples_do_through_a_restart(store: Store,
+                                                                semantics: str) -> None:
+    # Four hours of two replicas, each with outliers; chat-1 restarts half way (its counters
+    # drop to 0). Compacted, the store's rollup gives each bucket's first and last sample and
+    # drops: the same raw increases, so the same anomalies, as reading every sample.
+    fleet = Fleet(store, span_s=4 * 3600 + 900)
+    for base, values in (("vllm:request_prompt_tokens", [100] * 49 + [60_000]),
+                         ("vllm:request_generation_tokens", [50] * 49 + [30_000])):
+        fleet.histogram(base, vllm_labels("chat-0"), TOKENS_LE, values)
+    restart = fleet.steps // 2
+    labels = vllm_labels("chat-1")
+    for base, values in (("vllm:request_prompt_tokens", [100] * 48 + [60_000, 70_000]),
+                         ("vllm:request_generation_tokens", [50] * 50)):
+        per_step = {f"{base}_bucket{le}": float(sum(1 for v in values if v <= float(le)))
+                    for le in TOKENS_LE}
+        for le in TOKENS_LE:
+            fleet.series(f"{base}_bucket", {**labels, "le": le}, "histogram",
+                         lambda i, n=per_step[f"{base}_bucket{le}"]:
+                         (i if i < restart else i - restart) * n)
+        for suffix, n in (("_sum", math.fsum(values)), ("_count", float(len(values)))):
+            fleet.series(base + suffix, labels, "histogram",
+                         lambda i, n=n: (i if i < restart else i - restart) * n)
+    fleet.flush()
+    store.compact(now=AT + 7200)
+    assert store.counter_windows("vllm:request_prompt_tokens_bucket", {}, 0,
+                                 round(AT * 1000)) is not None
+    rolled = EmbeddedSource(store, semantics=semantics)
+    raw = EmbeddedSource(store, semantics=semantics)
+    raw.use_rollup = False
+    # A whole hour, a window off the hours holding the restart, and one ending at it.
+    for at, window in ((AT, 3600.0), (AT - 1234.5, 12600.0), (AT - 3600, 5400.0)):
+        expected = pool_anomalies(raw, CONFIG, POOL, at, window_s=window)
+        assert expected and expected[0]["requests_above"] > 0
+        assert pool_anomalies(rolled, CONFIG, POOL, at, window_s=window) == expected
+
+
 def test_histogram_count_above_picks_the_first_bound_at_or_above_the_threshold() -> None:
     buckets = {100.0: 5.0, 1000.0: 8.0, 10000.0: 9.0, math.inf: 10.0}
     assert histogram_count_above(buckets, 1000.0) == (2, 1000.0)

@@ -22,9 +22,10 @@ from dashboard.plan_data import (
     aligned_range,
     badge,
     curve_rows,
-    plan_page,
+    plan_without_waste,
     replay_summary,
     waste_rows,
+    with_waste,
 )
 from slo.planning.plan import CandidatePlan
 from vigil.config import PoolConfig
@@ -36,13 +37,22 @@ ctx = data.context()
 PLAN_TTL_S = 300.0
 
 
+@st.cache_data(ttl=PLAN_TTL_S, max_entries=16, show_spinner=False)
+def _plan(key: tuple[str, int], profiles_mtime_ns: int, pool: str, at_s: float, days: int
+          ) -> PlanPage:
+    """The plan without the waste: a week of history read, the same at every range."""
+    e = data.env(key)
+    return plan_without_waste(e.config, key[0], e.source, e.config.pool(pool), at_s,
+                              days=days)
+
 
 @st.cache_data(ttl=PLAN_TTL_S, max_entries=64, show_spinner=False)
 def _page(key: tuple[str, int], profiles_mtime_ns: int, pool: str, at_s: float, days: int,
           start_s: float, end_s: float) -> PlanPage:
+    """The plan with the waste over the range: another range reads only its waste."""
     e = data.env(key)
-    return plan_page(e.config, key[0], e.source, e.config.pool(pool), at_s, days=days,
-                     range_s=(start_s, end_s))
+    return with_waste(_plan(key, profiles_mtime_ns, pool, at_s, days), e.config, e.source,
+                      e.config.pool(pool), (start_s, end_s))
 
 
 @st.cache_data(ttl=PLAN_TTL_S, max_entries=16, show_spinner=False)

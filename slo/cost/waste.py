@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from slo.cost.pool import gpu_hours_of, up_seconds
 from slo.objectives.sli import vllm_matchers
+from slo.sources.on_grid import on_grid
 from slo.sources.protocol import Source
 from vigil.capacity import replicas_needed
 from vigil.config import Config, PoolConfig
@@ -110,9 +111,13 @@ def waste(
     docstring). ``capacity_rps_per_replica``: μ, requests per second one replica serves at
     the SLO. A step should hold several scrapes (``increase`` needs two samples)."""
     price = config.prices[pool.gpu]
+    times = step_times(start_s, end_s, step_s)
+    # A week is ~700 steps: on a grid the counter is one range read for all of them, each
+    # step's value the instant query's.
+    source = on_grid(source, times)
     m = vllm_matchers(pool, source)
     steps: list[WasteStep] = []
-    for t in step_times(start_s, end_s, step_s):
+    for t in times:
         billed = up_seconds(source, config, pool, t, step_s)
         used = gpu_hours_of(math.fsum(billed.values()), pool.gpus_per_replica)
         finished = source.increase(VLLM_REQUEST_SUCCESS, m, t, step_s).get(())

@@ -33,6 +33,7 @@ draft acceptance (0.7 per position), which the notes state.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ from slo.planning.capacity_search import (
     Margin,
     ProbeWindow,
     RequestOutcome,
+    SearchResult,
     probe_from_outcomes,
     probe_length,
     profile_from_search,
@@ -76,6 +78,9 @@ DEFAULT_OUTPUT_TOKENS = 200
 DEMO_PROFILES = frozenset({"small"})
 #: A simulated probe stops extending at this many times ``min_probe_requests``.
 VIRTUAL_EXTENSION = 4
+#: Distinct searches kept (calibration × request shape × SLOs × ``[capacity]``): a plan asks
+#: for one per GPU with a price, so this holds a few configs' worth.
+SEARCHES_KEPT = 64
 
 
 def known_calibrations() -> list[tuple[str, str]]:
@@ -190,6 +195,20 @@ def simulate_probe(profile: Profile, identity: ProfileIdentity, concurrency: int
                                capacity.confidence, Margin.of(capacity))
 
 
+@functools.lru_cache(maxsize=SEARCHES_KEPT)
+def _search(profile: Profile, shaped: ProfileIdentity, slos: tuple[SloTarget, ...],
+            capacity: CapacityConfig) -> SearchResult:
+    """The capacity search of ``shaped`` on ``profile``'s calibration, run once per distinct
+    input. Its probes are virtual-time runs seeded alike and read no data, so the same
+    inputs always give the same search: a planner asking again (every Plan page, every
+    pool, every quarter hour) gets that search again instead of a second of CPU per ask.
+    Every input is in the key (all frozen), so no answer outlives what it was computed
+    from."""
+    return search_sync(
+        lambda c: simulate_probe(profile, shaped, c, slos, capacity),
+        max_concurrency=capacity.max_concurrency, precision=capacity.precision)
+
+
 def estimated_capacity(identity: ProfileIdentity, slos: Sequence[SloTarget],
                        capacity_config: CapacityConfig, *, sim_profile: str | None = None,
                        created_at: float = 0.0, pool: str = "") -> CapacityProfile:
@@ -213,9 +232,7 @@ def estimated_capacity(identity: ProfileIdentity, slos: Sequence[SloTarget],
                           f"max_model_len ({profile.max_model_len})",
                           key=f"capacity estimate for {identity.label()}")
     cap = capacity_config
-    result = search_sync(
-        lambda c: simulate_probe(profile, shaped, c, slos, cap),
-        max_concurrency=cap.max_concurrency, precision=cap.precision)
+    result = _search(profile, shaped, tuple(slos), cap)
     found = profile_from_search(shaped, "estimated", result, slos, source=profile.name,
                                 pool=pool, created_at=created_at, confidence=cap.confidence,
                                 precision=cap.precision)

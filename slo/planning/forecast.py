@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from slo.objectives.sli import vllm_matchers
+from slo.sources.on_grid import on_grid
 from slo.sources.protocol import Source
 from vigil.capacity import Basis
 from vigil.config import Config, PoolConfig
@@ -138,9 +139,12 @@ def rate_history(source: Source, pool: PoolConfig, at_s: float, span_s: float,
                  step_s: float) -> pd.Series:
     """The pool's request rate (requests/s) per ``step_s`` over ``(at_s - span_s, at_s]``,
     indexed by each step's end (Unix seconds); NaN where the store has no samples."""
-    m = vllm_matchers(pool, source)
     n = int(span_s // step_s)
     ends = [at_s - (n - 1 - k) * step_s for k in range(n)]
+    # One range read of the counter for every step (a week is ~700 steps), each step's value
+    # the instant query's.
+    source = on_grid(source, ends)
+    m = vllm_matchers(pool, source)
     rates = []
     for end in ends:
         inc = source.increase(VLLM_REQUEST_SUCCESS, m, end, step_s).get(())
