@@ -4,16 +4,19 @@ Streamlit runs ``app.py`` and the page scripts anew for each session, and a modu
 by the first script that needs it. Without this, the first person to open a page after the
 server starts waits for the SLO engine, pandas, Altair and the app's own modules to be
 imported, and for Altair to build its schema validator on the first chart (about 0.7 s on
-two cores; ``bench/dashboard_bench.py``). ``vigil dashboard`` runs ``python -m dashboard.warm
-run app.py ...``: ``prepare`` does that work once, then Streamlit's own command line starts
-the server in the same process, so every session finds it done. Nothing about the data is
-computed here: a page's figures are always the store's at the time it is drawn.
+two cores; ``bench/dashboard_bench.py``), and for the Plan page's capacity estimates, which
+the simulator computes from the config alone (about a second a pool). ``vigil dashboard``
+runs ``python -m dashboard.warm run app.py ...``: ``prepare`` does that work once, then
+Streamlit's own command line starts the server in the same process, so every session finds
+it done. Nothing about the data is computed here: a page's figures are always the store's
+at the time it is drawn.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 
 __all__ = ["MODULES", "main", "prepare"]
@@ -60,6 +63,31 @@ def prepare() -> None:
     frame = charts.long_frame([(0.0, "warm", 1.0), (60.0, "warm", 2.0)])
     charts.lines(frame, y_title="", y_format=".1f",
                  rules=[charts.Rule(1.5, "rule")]).to_dict()
+    _estimates()
+
+
+def _estimates() -> None:
+    """Run the simulator's capacity searches the Plan page asks for (about a second each):
+    they depend on the config alone, never on the data, and ``slo.planning.estimate`` keeps
+    each search's result by its inputs, so the page finds them done. A config that cannot be
+    read is left for the app to report."""
+    import time
+
+    from slo.planning import estimate
+    from slo.planning.candidates import estimates
+    from vigil.config import load_config
+    from vigil.conventions import DASHBOARD_ENV_CONFIG
+    from vigil.errors import VigilError
+
+    path = os.environ.get(DASHBOARD_ENV_CONFIG)
+    if not path:
+        return
+    try:
+        config = load_config(path)
+    except VigilError:
+        return
+    for pool in config.pools:
+        estimates(config, pool, estimate, time.time(), [])
 
 
 def main(argv: list[str] | None = None) -> int:

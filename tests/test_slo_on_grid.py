@@ -86,6 +86,13 @@ def test_every_query_at_every_instant_is_the_instant_answer(store: Store, sem: s
             assert batch.samples("up", pool, at, w) == source.samples("up", pool, at, w)
         assert batch.instant("vllm:kv_cache_usage_perc", pool, at) == \
             source.instant("vllm:kv_cache_usage_perc", pool, at)
+        for w in (60.0, 3600.0):
+            cut = batch.window_arrays("up", pool, at, w)
+            assert cut is not None
+            want = source.samples("up", pool, at, w)
+            assert {labels: (ts.tolist(), vals.tolist()) for labels, (ts, vals) in cut.items()} \
+                == {labels: ([p.ts_ms for p in pts], [p.value for p in pts])
+                    for labels, pts in want.items()}
 
 
 def test_off_grid_instants_go_to_the_wrapped_source(store: Store) -> None:
@@ -95,6 +102,7 @@ def test_off_grid_instants_go_to_the_wrapped_source(store: Store) -> None:
     assert batch.increase("vllm:generation_tokens_total", {}, at, 300.0) == \
         source.increase("vllm:generation_tokens_total", {}, at, 300.0)
     assert batch.semantics is source.semantics and batch.store is source.store
+    assert batch.window_arrays("up", {}, at, 300.0) is None
 
 
 def test_one_range_read_answers_every_instant(store: Store, monkeypatch) -> None:

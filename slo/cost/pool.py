@@ -280,6 +280,11 @@ def _sample_arrays(source: Source, metric: str, matchers: Any, at_s: float, rang
     millions of samples, and as ``Point`` objects most of a month's chargeback, and of a
     chart of cost, went to making them. Any other source answers ``samples``, a day at a time
     (``samples_between``) when ``chunked``."""
+    batch = getattr(source, "window_arrays", None)  # slo.sources.on_grid.OnGrid
+    cut: dict[Labels, tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] | None = (
+        batch(metric, matchers, at_s, range_s) if batch is not None else None)
+    if cut is not None:
+        return cut
     store = getattr(source, "store", None)
     if store is not None and not is_external(source) and hasattr(store, "series_arrays"):
         # samples()'s window edges: 2.x keeps ts == at - range, 3.x does not.

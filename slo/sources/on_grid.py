@@ -10,8 +10,10 @@ value is the one the instant query gives there (``slo.sources.protocol.RangeSour
 ``OnGrid`` puts the two together without changing the functions that evaluate a point: it is
 the wrapped source with ``increase``, ``bucket_increase``, ``instant`` and ``avg_over_time``
 answered, at the grid's instants, from one range query per ``(query, window)``, kept for the
-next instant. Anything else (``samples``: what reads them in bulk reads Vigil's store as
-arrays, ``slo.cost.pool``), and any other instant, goes to the wrapped source as it is.
+next instant. Anything else, and any other instant, goes to the wrapped source as it is.
+``window_arrays`` is for what reads raw samples at each instant (the cost's ``up`` and
+running requests, ``slo.cost.pool``): from Vigil's store, one read of the whole span, cut
+per instant.
 
 ``avg_over_time`` is taken from the range form only under 3.x rules and for integer-valued
 series (``up``), where ``slo.promql.tracks.mean_over_time_track`` is exact; otherwise the
@@ -25,10 +27,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from slo.promql.lookup import Semantics
+import numpy as np
+
+from slo.promql.lookup import FloatArray, IntArray, Semantics, duration_ms, window_bounds
 from slo.promql.quantile import Bucket
 from slo.promql.tracks import Grid, Track
-from slo.sources.protocol import Matchers, RangeSource
+from slo.sources.protocol import Matchers, RangeSource, is_external
 from vigil.model import Labels
 
 __all__ = ["OnGrid", "grid_of", "on_grid"]
@@ -137,6 +141,40 @@ class OnGrid:
         tracks = self._once(("instant", metric, _key(matchers)),
                             lambda: self._source.instant_range(metric, matchers, self._grid))
         return _at(tracks, i)
+
+    def window_arrays(self, metric: str, matchers: Matchers, at_s: float, range_s: float
+                      ) -> dict[Labels, tuple[IntArray, FloatArray]] | None:
+        """Per series, the samples ``samples(metric, at_s, range_s)`` gives, as arrays (times
+        in Unix ms, values; staleness markers and NaN left out), cut from one read of Vigil's
+        store over every instant's range; ``None`` off the grid or for a source without a
+        store of its own (what asks then reads as before: ``slo.cost.pool``)."""
+        i = self._index(at_s)
+        store = getattr(self._source, "store", None)
+        if i is None or store is None or is_external(self._source):
+            return None
+        g = self._grid
+        semantics = self._source.semantics
+        range_ms = duration_ms(range_s)
+
+        def read() -> dict[Labels, tuple[IntArray, FloatArray]]:
+            first = g.start_ms - range_ms
+            out: dict[Labels, tuple[IntArray, FloatArray]] = {}
+            for key, _, ts, vals, stale in store.series_arrays(
+                    metric, matchers, first if semantics is Semantics.V2 else first + 1,
+                    g.end_ms):
+                keep = ~stale & ~np.isnan(vals)
+                if keep.any():
+                    out[key.labels] = (ts[keep], vals[keep])
+            return out
+
+        union = self._once(("window_arrays", metric, _key(matchers), range_s), read)
+        at_ms = g.start_ms + i * g.step_ms
+        cut: dict[Labels, tuple[IntArray, FloatArray]] = {}
+        for labels, (ts, vals) in union.items():
+            lo, hi = window_bounds(ts, at_ms, range_ms, semantics)
+            if hi > lo:
+                cut[labels] = (ts[lo:hi], vals[lo:hi])
+        return cut
 
     def avg_over_time(self, metric: str, matchers: Matchers, at_s: float, window_s: float
                       ) -> dict[Labels, float]:
