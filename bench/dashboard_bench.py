@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python bench/dashboard_bench.py [--replicas 8] [--days 7] [--data DIR]
 [--ranges 6h,24h,7d] [--pages Overview,Quality,...]``; the larger size of the targets:
-``--replicas 20 --days 30``.
+``--replicas 20 --days 30 --first-target 1.5``.
 
 1. Builds (once; cached in ``--data``, default ``/tmp/vigil-dashboard-bench``) a store with
    ``bench/slo_bench.py``'s generator: one pool of vLLM replicas, every series the SLOs,
@@ -48,7 +48,8 @@ APP = ROOT / "dashboard" / "app.py"
 PAGES = {"Overview": None, "Quality": "views/quality.py", "Server": "views/server.py",
          "Business": "views/business.py", "Anomalies": "views/anomalies.py",
          "Plan": "views/plan.py", "Backtest": "views/backtest.py"}
-#: Targets (seconds): a page's first load, a refresh.
+#: Targets (seconds): a page's first load (8 replicas × 7 days; 1.5 s at 20 × 30 days: pass
+#: ``--first-target 1.5``), a refresh.
 FIRST_TARGET_S = 1.0
 REFRESH_TARGET_S = 0.3
 
@@ -116,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pages", default=",".join(PAGES),
                         help="pages to render, comma-separated titles")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--first-target", type=float, default=FIRST_TARGET_S,
+                        help="first-load target (seconds)")
     parser.add_argument("--data", type=Path, default=Path("/tmp/vigil-dashboard-bench"))
     args = parser.parse_args(argv)
 
@@ -145,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             again = min(sessions.render(page, end, range_key) for _ in range(args.repeat))
             refresh = min(sessions.render(page, end + 60.0 * (i + 1), range_key)
                           for i in range(args.repeat))
-            ok = first <= FIRST_TARGET_S and refresh <= REFRESH_TARGET_S
+            ok = first <= args.first_target and refresh <= REFRESH_TARGET_S
             met = met and ok
             rows.append(f"| {name} | {range_key} | **{first:.2f} s** | {again:.2f} s "
                         f"| {refresh:.2f} s | {'yes' if ok else '**no**'} |")
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(`dashboard.warm.prepare`) {started:.2f} s; the process's first render "
           f"{cold:.2f} s.\n")
     print(f"| page | range | first load | again | refresh (end + 1 min) "
-          f"| first ≤ {FIRST_TARGET_S:g} s, refresh ≤ {REFRESH_TARGET_S:g} s |")
+          f"| first ≤ {args.first_target:g} s, refresh ≤ {REFRESH_TARGET_S:g} s |")
     print("|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 0 if met else 1

@@ -38,11 +38,14 @@ import streamlit as st
 
 from dashboard import alerts_view, gateway_data, status_view, timeseries
 from dashboard.controls import View
+from slo.backtest.sli import sli_tracks
 from slo.objectives.anomaly import pool_anomalies
+from slo.objectives.burn_rate import burn_rate
 from slo.objectives.spec import SloSpec, effective_slos
-from slo.sources.on_grid import on_grid
+from slo.promql.tracks import Grid
+from slo.sources.on_grid import grid_of, on_grid
 from slo.sources.open import open_source
-from slo.sources.protocol import RequestLog, Source
+from slo.sources.protocol import RangeSource, RequestLog, Source
 from slo.status import evaluate
 from vigil.clock import Clock, system_clock
 from vigil.config import Config, PoolConfig, load_config
@@ -276,6 +279,22 @@ _POINTS: dict[str, Callable[..., Any]] = {
 }
 
 
+def _burn_range(e: Env, grid: Grid, slo: str, w: float) -> list[dict[str, float | None]]:
+    """``burn_point`` at every instant of ``grid``: ``slo.backtest.sli.sli_tracks``, the
+    engine's ``error_ratio`` at each instant from range queries of only the series it reads
+    (a latency SLO: the buckets around its threshold, not the whole histogram)."""
+    spec = e.spec(slo)
+    track = sli_tracks(spec, e.source, grid, [w], request_log=e.log)[w]
+    ratios = [float(v) if there else None
+              for v, there in zip(track.values.tolist(), track.present.tolist(), strict=True)]
+    return [{"error_ratio": r, "burn_rate": burn_rate(r, spec.objective)} for r in ratios]
+
+
+#: kind -> the evaluation of every instant of a ``Grid`` at once, where the engine has one
+#: (``fn(env, grid, *args)``, a value per instant, each the point function's there).
+_RANGES: dict[str, Callable[..., list[Any]]] = {"burn": _burn_range}
+
+
 def _point(key: tuple[str, int], kind: str, args: tuple[Any, ...], t: float) -> Any:
     return _POINTS[kind](env(key), t, *args)
 
@@ -356,11 +375,23 @@ def _settled_series(key: tuple[str, int], kind: str, args: tuple[Any, ...],
     missing = [t for t, k in zip(times, keys, strict=True) if k not in found]
     if missing:
         e = env(key)
+        grid = grid_of(missing)
+        ranged = kind in _RANGES and grid is not None and isinstance(e.source, RangeSource)
+        if ranged:
+            assert grid is not None
+            wanted = set(keys)
+            instants = grid.instants_ms().tolist()
+            for at_ms, value in zip(instants, _RANGES[kind](e, grid, *args), strict=True):
+                k = (key, kind, args, at_ms / 1000.0)
+                _SETTLED_POINTS.put(k, value)
+                if k in wanted:
+                    found[k] = value
         batch = Env(e.config, on_grid(e.source, missing), e.log)
         for t in missing:
             k = (key, kind, args, t)
-            found[k] = _POINTS[kind](batch, t, *args)
-            _SETTLED_POINTS.put(k, found[k])
+            if k not in found:
+                found[k] = _POINTS[kind](batch, t, *args)
+                _SETTLED_POINTS.put(k, found[k])
     return [(t, found[k]) for t, k in zip(times, keys, strict=True)]
 
 

@@ -21,9 +21,15 @@ from support.apptest import APP, REPO, run_page, texts
 from support.dashboard_seed import AT, config_toml, seed_dashboard
 from support.fleet import MODEL, OTHER_MODEL
 
+from collector.store import Store
 from dashboard import format as fmt
+from dashboard.timeseries import burn_point
 from slo.objectives.quantiles import histogram_figures
+from slo.objectives.spec import effective_slos
+from slo.sources.embedded import EmbeddedSource
+from vigil.config import load_config
 from vigil.conventions import DASHBOARD_ENV_AT, DASHBOARD_ENV_CONFIG
+from vigil.durations import parse_duration
 
 PAGES = ("quality", "server", "business", "anomalies")
 
@@ -194,6 +200,27 @@ def test_quality_burn_rates_are_the_status_windows(seeded: Path, status: dict[st
         {w: v["burn_rate"] for w, v in err["windows"].items()}, rel=1e-12)
     assert specs and any("14.4x page (1h & 5m)" in set(f.get("label", []))
                          for _, fs in charts(at) for f in fs)
+
+
+@pytest.mark.parametrize("slo", ["chat-error-rate", "chat-ttft"])
+def test_quality_burn_history_is_the_engines_burn_rate_at_every_point(
+        seeded: Path, monkeypatch: pytest.MonkeyPatch, slo: str) -> None:
+    # The history is computed over the whole range at once (range queries); each point must
+    # still be what the engine answers at that instant.
+    at = run_page(seeded, monkeypatch, "quality")
+    at.selectbox(key="slo").set_value(slo).run()
+    history = next(f for _, fs in charts(at) for f in fs
+                   if "series" in f and f["series"].str.endswith(" window").all())
+    config = load_config(seeded)
+    spec = next(s for s in effective_slos(config) if s.name == slo)
+    with Store(config.store_path(), readonly=True) as store:
+        source = EmbeddedSource(store)
+        for series, points in history.groupby("series"):
+            window = parse_duration(str(series).removesuffix(" window"))
+            for t, shown in zip(points["time"], points["value"], strict=True):
+                want = burn_point(spec, source, pd.Timestamp(t).timestamp(), window)
+                assert shown == pytest.approx(want["burn_rate"], rel=1e-12), (series, t)
+    assert len(history) > 100
 
 
 def test_quality_range_sets_the_points(seeded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
