@@ -191,7 +191,11 @@ def test_capacity_is_within_10_percent_of_an_independent_sweep(measured: dict) -
     assert result["identity"]["gpu"] == "L4" and result["identity"]["output_tokens"] == 6
     assert {s["name"] for s in result["slos"]} == {"chat-e2e", "chat-ttft"}
     probes = result["probes"]
-    assert [p["concurrency"] for p in probes][:3] == [1, 2, 4]
+    # The ramp estimated the knee and the search started there, not at 1, 2, 4, ...
+    search = result["search"]
+    assert search["ramp"]["streams"] > search["ramp"]["start"] >= 1
+    assert probes[0]["concurrency"] == search["ramp"]["start"] == search["levels"][0]
+    assert any("opening ramp" in n for n in result["notes"])
     best = next(p for p in probes if p["concurrency"] == result["max_concurrency"])
     assert best["passed"] and best["goodput_rps"] == result["max_goodput_rps"]
     assert best["attainment_low"] <= best["attainment"] <= best["attainment_high"]
@@ -215,6 +219,7 @@ def test_save_then_list_round_trip(measured: dict) -> None:
     saved = ProfileStore(path).load()
     assert len(saved) == 1 and saved[0].key == result["key"]
     result.pop("saved_to"), result.pop("search_seconds"), result.pop("key")
+    result.pop("search")
     assert saved[0] == CapacityProfile.from_dict(result)
     code, listed, _ = _run_cli(["capacity", "--config", str(measured["cfg"]), "--list",
                                 "--json"])

@@ -16,6 +16,8 @@ from slo.planning.capacity_search import (
     Margin,
     ProbeWindow,
     RequestOutcome,
+    early_fail_confidence,
+    early_looks,
     judge,
     probe_from_outcomes,
     tail_quantile,
@@ -146,7 +148,8 @@ def test_a_clearly_passing_level_stops_at_clear_probe_requests(concurrency: int)
 ])
 def test_a_level_the_margin_does_not_pass_runs_the_full_probe(e2e: float,
                                                              verdict: str) -> None:
-    window = ProbeWindow([E2E], CAP, 1)
+    # Without the early fail (below), a failing level runs its full probe too.
+    window = ProbeWindow([E2E], CAP.model_copy(update={"early_fail": False}), 1)
     closed_loop(window, lambda i: ok(e2e=e2e))
     assert len(window.outcomes) == 100
     assert judge(window.outcomes, [E2E], 0.95).verdict == verdict
@@ -157,7 +160,7 @@ def test_an_unresolved_level_is_extended_in_chunks_until_resolved() -> None:
     def outcome(i: int) -> RequestOutcome:
         return ok(e2e=2.0) if i % 25 == 0 else ok(e2e=0.9)
 
-    window = ProbeWindow([E2E], CAP, 1)
+    window = ProbeWindow([E2E], CAP.model_copy(update={"indifference": 0.0}), 1)
     closed_loop(window, outcome)
     n = len(window.outcomes)
     assert n > 100 and (n - 100) % 50 == 0  # checkpoints every min_probe_requests / 2
@@ -167,10 +170,11 @@ def test_an_unresolved_level_is_extended_in_chunks_until_resolved() -> None:
 
 def test_the_interval_waits_for_min_probe_requests_finished() -> None:
     # Four in flight: when the 100th request is counted only ~96 have finished, so the first
-    # look at the interval comes one chunk later, on at least min_probe_requests finished.
+    # look at the interval comes a few requests later, on min_probe_requests finished (not a
+    # whole chunk later: no look was taken before).
     window = ProbeWindow([E2E], CAP, 4)
     closed_loop(window, lambda i: ok(e2e=0.9), concurrency=4)
-    assert 150 <= len(window.outcomes) <= 150 + 4
+    assert 100 + 3 <= len(window.outcomes) <= 100 + 4 + 4
     assert judge(window.outcomes, [E2E], 0.95).verdict == "pass"
 
 
@@ -184,7 +188,7 @@ def test_the_duration_applies_to_levels_the_margin_does_not_decide() -> None:
 
 def test_the_warm_up_and_the_cap() -> None:
     capped = CapacityConfig(min_probe_requests=10, max_probe_requests=30, clear_margin=0.0,
-                            probe_duration=1.0)
+                            probe_duration=1.0, indifference=0.0)
     window = ProbeWindow([E2E], capped, 4)
     assert [window.admit(0.0) for _ in range(4)] == [None] * 4  # the warm-up
     assert window.admit(0.0) == 0
@@ -284,3 +288,93 @@ def test_a_live_probe_draws_its_lengths_around_the_asked_ones() -> None:
     assert all(b["ignore_eos"] and b["stream"] for b in bodies)
     # No two prompts share a cacheable prefix: each opens with its own number.
     assert len({b["messages"][0]["content"].split(" ", 1)[0] for b in bodies}) == 300
+
+
+# --- warm levels: which requests a level changed from a running loop counts -------------------
+def test_going_up_skips_only_the_burst_of_added_streams() -> None:
+    # 8 streams running, the level is 12: the 4 new streams' first requests are left out
+    window = ProbeWindow([E2E], CAP, 12, warm_up=4)
+    assert [window.admit(0.0) for _ in range(4)] == [None] * 4
+    assert window.admit(0.1) == 0
+    # going down (or a level kept): the next request already runs at the level
+    window = ProbeWindow([E2E], CAP, 8, warm_up=0)
+    assert window.admit(0.0) == 0
+    with pytest.raises(ValueError):
+        ProbeWindow([E2E], CAP, 8, warm_up=-1)
+
+
+def test_a_warm_level_keeps_the_little_law_accounting_of_its_own_requests() -> None:
+    window = ProbeWindow([E2E], CAP, 4, warm_up=0)
+    end = closed_loop(window, lambda i: ok(e2e=0.3), concurrency=4)
+    n = len(window.outcomes)
+    assert 20 <= n <= 23 and end < 20.0  # a margin pass, without the cold wave
+    assert window.duration_s == pytest.approx(n * 0.3 / 4)
+
+
+# --- early fail ---------------------------------------------------------------------------------
+def test_the_early_looks_wait_for_a_turnover_and_double_below_min_probe_requests() -> None:
+    assert early_looks(1, CAP) == (20, 40, 80)
+    assert early_looks(32, CAP) == (32, 64)
+    assert early_looks(128, CAP) == (128,)
+    assert early_looks(4, CAP.model_copy(update={"early_fail": False})) == ()
+    assert early_fail_confidence(0.95, 3) == pytest.approx(1 - 0.05 / 3)
+    assert early_fail_confidence(0.95, 1) == pytest.approx(0.95)
+
+
+def test_a_clearly_failing_level_stops_at_the_first_look() -> None:
+    window = ProbeWindow([E2E], CAP, 1)
+    end = closed_loop(window, lambda i: ok(e2e=3.0))
+    assert window.early_failed and len(window.outcomes) == 20
+    assert end < CAP.probe_duration * 4  # 20 requests of 3 s, not 100
+    p = probe_from_outcomes(1, window.outcomes, window.duration_s, [E2E], 0.95, MARGIN)
+    assert not p.passed and not unresolved(p, [E2E], 0.95)
+
+
+def test_an_early_fail_waits_for_a_full_turnover_of_the_loop() -> None:
+    # 40 streams, every request a miss: not judged before 40 have finished
+    window = ProbeWindow([E2E], CAP, 40)
+    closed_loop(window, lambda i: ok(e2e=3.0), concurrency=40)
+    assert window.early_failed and window.done
+    assert len(window.outcomes) == 40  # judged and over at once: those in flight left out
+
+
+def test_a_level_near_its_objective_is_not_failed_early() -> None:
+    # 1 request in 25 too slow (96 % against 0.95): the early looks cannot call it a failure
+    window = ProbeWindow([E2E], CAP, 1)
+    closed_loop(window, lambda i: ok(e2e=2.0) if i % 25 == 0 else ok(e2e=0.9))
+    assert not window.early_failed and len(window.outcomes) >= 100
+
+
+def test_a_level_exactly_at_its_objective_is_failed_early_rarely() -> None:
+    # Independent requests, each good with probability 0.95 (the objective): the corrected
+    # looks together fail such a level in at most 1 - confidence of the runs (Bonferroni).
+    rng = random.Random(11)
+    short = CAP.model_copy(update={"max_probe_requests": 100, "clear_margin": 0.0})
+    trials = 1000
+    failed = 0
+    for _ in range(trials):
+        window = ProbeWindow([E2E], short, 1)
+        closed_loop(window, lambda i: ok(e2e=2.0) if rng.random() < 0.05 else ok(e2e=0.9))
+        failed += window.early_failed
+    assert failed / trials <= 0.05
+
+
+# --- a level at its objective -------------------------------------------------------------------
+def test_a_level_at_its_objective_ends_once_its_share_is_pinned_near_it() -> None:
+    # 1 request in 20 too slow: exactly 0.95, which no interval resolves however long it runs.
+    def outcome(i: int) -> RequestOutcome:
+        return ok(e2e=2.0) if i % 20 == 0 else ok(e2e=0.9)
+
+    window = ProbeWindow([E2E], CAP, 1)
+    closed_loop(window, outcome)
+    n = len(window.outcomes)
+    assert 100 < n <= 400 and (n - 100) % 50 == 0  # at a checkpoint, far below the cap
+    j = judge(window.outcomes, [E2E], 0.95)
+    assert j.verdict == "unresolved"
+    assert j.high - j.low <= 2 * 0.025  # ±2.5 points: half the miss share either side
+    p = probe_from_outcomes(1, window.outcomes, window.duration_s, [E2E], 0.95)
+    assert unresolved(p, [E2E], 0.95)  # the profile's notes name it
+    # without the band only the cap ends it
+    window = ProbeWindow([E2E], CAP.model_copy(update={"indifference": 0.0}), 1)
+    closed_loop(window, outcome)
+    assert len(window.outcomes) == CAP.max_probe_requests

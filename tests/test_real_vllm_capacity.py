@@ -4,9 +4,9 @@ The replica is ``tests/support/real_vllm.py``'s (one CPU engine, ``max_num_seqs`
 its knee is a few requests in flight. The SLOs are tight enough for the search to find it in
 well under a minute (TTFT 0.5 s and e2e 2 s for 90 % of 32-token requests), and the probes short
 (``probe_duration`` 2 s, 20 requests, 10 on the latency margin). What is checked is what a
-user reads: a capacity with a failing level above it, the latency margin deciding the easy
-levels, the profile saved, and the engine's own counter of finished requests covering every
-request the search counted.
+user reads: a capacity with a failing level above it, the opening ramp placing the first probe
+near the knee, the profile saved, and the engine's own counter of finished requests covering
+every request the search counted.
 """
 
 from __future__ import annotations
@@ -73,9 +73,12 @@ def test_the_capacity_search_completes_on_a_real_replica(real_vllm: VllmServer, 
     assert failed and min(p["concurrency"] for p in failed) > best["concurrency"], summary
     assert best["attainment"] >= 0.9 and best["errors"] == 0, best
     assert found["max_goodput_rps"] == pytest.approx(best["goodput_rps"])
-    # Concurrency 1 is far within both thresholds: decided on the margin, not on 20+ requests.
-    first = probes[0]
-    assert first["concurrency"] == 1 and first["passed"] and first["requests"] < 20, first
+    # The search opened with a ramp that stopped on the replica's misses (well below the
+    # search's maximum) and probed first where the ramp put the knee, not at 1, 2, 4...
+    ramp = found["search"]["ramp"]
+    assert ramp["stopped"] == "misses" and ramp["streams"] < 64, ramp
+    assert probes[0]["concurrency"] == ramp["start"], (ramp, summary)
+    assert found["search"]["levels"] == [p["concurrency"] for p in probes]
     assert json.loads(profiles.read_text())  # saved, with --gpu
     # Every counted request (and the warm-up and the uncounted ones around it) was a request
     # the engine finished: the search measured the engine, not an error path.

@@ -1,9 +1,11 @@
 """``vigil capacity``: the highest load one replica serves within its SLOs, measured.
 
 ``vigil capacity --url BASE --model M [--config F] [--pool P]`` runs the capacity search
-(``slo.planning.capacity_search.search``) against a live replica or gateway: each level is a
-closed-loop probe (``serving.loadgen.probe.run_probe``) of streamed chat completions of one request
-shape (``--prompt-tokens``, ``--output-tokens``), judged against every latency SLO of the pool (or
+(``slo.planning.capacity_search.search``) against a live replica or gateway, on one closed loop
+of streamed chat completions kept running from its opening ramp (``[capacity] ramp``, which
+estimates the knee the search starts from) to its last level
+(``serving.loadgen.probe.LoadRunner``), of one request shape (``--prompt-tokens``,
+``--output-tokens``); each level is judged against every latency SLO of the pool (or
 of the model; without ``--config``, the defaults of ``[slo_defaults]``). It prints the probes and
 the result: the highest passing concurrency, its goodput (requests/s within every SLO) and
 output tokens/s. ``--save`` keeps the result in ``[capacity] profiles_path`` as a ``measured``
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 import time
@@ -199,28 +202,43 @@ async def _preflight(client: httpx.AsyncClient, base: str, model: str,
 
 async def _measure(args: argparse.Namespace, config: Config, base: str, model: str,
                    slos: list[SloTarget], prompt_tokens: int, output_tokens: int,
-                   table: TextIO) -> SearchResult:
-    from serving.loadgen.probe import run_probe
+                   table: TextIO) -> tuple[SearchResult, list[int]]:
+    """The search, on one closed loop kept running across its levels (``LoadRunner``): the
+    result and the levels that stopped early on a clear failure."""
+    from serving.loadgen.probe import LoadRunner
 
     cap = config.capacity
+    # The ramp may run up to max_concurrency streams; a level retiring some cancels them
+    # before it adds none, so this many connections always suffice.
     limits = httpx.Limits(max_connections=cap.max_concurrency + 4,
                           max_keepalive_connections=cap.max_concurrency + 4)
     timeout = httpx.Timeout(600.0, connect=5.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
         await _preflight(client, base, model, args.key)
-        table.write(probe_header() + "\n")
-        table.flush()
-
-        async def probe(concurrency: int) -> Probe:
-            p = await run_probe(base, model, concurrency, prompt_tokens=prompt_tokens,
-                                output_tokens=output_tokens, api_key=args.key, slos=slos,
-                                capacity=cap, client=client)
-            table.write(format_probe_row(p) + "\n")
+        runner = LoadRunner(base, model, prompt_tokens=prompt_tokens,
+                            output_tokens=output_tokens, api_key=args.key, client=client)
+        try:
+            ramp = None
+            if cap.ramp:
+                ramp = await runner.ramp(slos, cap.max_concurrency)
+                table.write(f"ramp: 1 to {ramp.streams} streams, {ramp.requests} requests in "
+                            f"{ramp.seconds:.0f} s, knee estimated at {ramp.knee:.1f} in "
+                            f"flight: probing from {ramp.start}\n")
+            table.write(probe_header() + "\n")
             table.flush()
-            return p
 
-        return await search(probe, max_concurrency=cap.max_concurrency,
-                            precision=cap.precision)
+            async def probe(concurrency: int) -> Probe:
+                p = await runner.probe(concurrency, slos, cap)
+                table.write(format_probe_row(p) + "\n")
+                table.flush()
+                return p
+
+            result = await search(probe, max_concurrency=cap.max_concurrency,
+                                  precision=cap.precision,
+                                  start=ramp.start if ramp is not None else None)
+        finally:
+            await runner.close()
+    return dataclasses.replace(result, ramp=ramp), runner.early_failed
 
 
 def _explain_failure(result: SearchResult, slos: Sequence[SloTarget]) -> str:
@@ -291,20 +309,32 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
                 f"{output_tokens} output tokens per request\nSLOs: {_slo_text(slos)}; "
                 f"{cap.confidence * 100:g}% intervals, precision {cap.precision * 100:g}%\n")
     started = time.monotonic()
-    result = asyncio.run(_measure(args, config, base, model, slos, prompt_tokens,
-                                  output_tokens, table))
+    result, early_failed = asyncio.run(_measure(args, config, base, model, slos,
+                                                prompt_tokens, output_tokens, table))
     profile = profile_from_search(identity, "measured", result, slos, source=base,
                                   pool=pool.name if pool is not None else "",
                                   created_at=time.time(), confidence=cap.confidence,
                                   precision=cap.precision)
+    if early_failed:
+        profile = dataclasses.replace(profile, notes=(
+            *profile.notes, "stopped early on a clear failure (interval corrected for "
+            "repeated looks): concurrency " + ", ".join(map(str, early_failed))))
     wall = time.monotonic() - started
     saved = ""
     if args.save and result.best is not None:
         store.save(profile)
         saved = str(store.path)
     if args.json:
+        search_info = {
+            "ramp": result.ramp.to_dict() if result.ramp is not None else None,
+            "levels": [p.concurrency for p in result.probes],
+            "early_failed": early_failed,
+            "requests": sum(p.requests for p in result.probes)
+            + (result.ramp.requests if result.ramp is not None else 0),
+        }
         stdout.write(json.dumps(_json_profile(profile, saved_to=saved or None,
-                                              search_seconds=round(wall, 3)),
+                                              search_seconds=round(wall, 3),
+                                              search=search_info),
                                 indent=2, allow_nan=False) + "\n")
     else:
         lines = []
@@ -313,7 +343,10 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
                          f"{profile.max_goodput_rps:.2f} req/s within the SLOs, "
                          f"{profile.max_output_tokens_per_s:.1f} output tok/s (measured, "
                          f"{len(result.probes)} probes, "
-                         f"{sum(p.requests for p in result.probes)} requests, {wall:.0f} s)")
+                         f"{sum(p.requests for p in result.probes)} requests"
+                         + (f" after a ramp of {result.ramp.requests}"
+                            if result.ramp is not None else "")
+                         + f", {wall:.0f} s)")
         lines += [f"note: {n}" for n in profile.notes]
         if saved:
             lines.append(f"saved to {saved} (key {profile.key})")

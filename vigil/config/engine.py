@@ -190,10 +190,22 @@ class CapacityConfig(Section):
     #: min_probe_requests...
     probe_duration: Duration = 20.0
     min_probe_requests: int = Field(default=100, ge=10)
-    #: ...and is extended until its interval is resolved, up to this many requests.
+    #: ...and is extended until its interval is resolved, up to this many requests, or until
+    #: an interval straddling its objective is at most indifference x (1 - objective) either
+    #: side of its centre: the level is then at the knee within what a probe resolves and is
+    #: decided on its point estimate (docs/capacity.md, "The verdict"). 0: only
+    #: max_probe_requests ends it.
     max_probe_requests: int = Field(default=2000, ge=10)
+    indifference: Ratio = 0.5
     #: The search never goes above this concurrency.
     max_concurrency: int = Field(default=1024, ge=1)
+    #: Open the search with a quick ramp (one stream added per finished request) that
+    #: estimates the knee, then probe outward from the estimate; false: probe 1, 2, 4, ...
+    #: (docs/capacity.md, "The search").
+    ramp: bool = True
+    #: Stop a level early once its finished requests already show a failure at a confidence
+    #: corrected for the repeated looks (docs/capacity.md, "Early fail").
+    early_fail: bool = True
     #: Hours per month of the monthly cost (730 = 8760 / 12).
     hours_per_month: float = Field(default=730.0, gt=0)
     #: Step of the planner's replicas-over-the-day curve and of the waste figures (seconds).
