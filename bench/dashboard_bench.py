@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/python bench/dashboard_bench.py [--replicas 8] [--days 7] [--data DIR]
 [--ranges 6h,24h,7d] [--pages Overview,Quality,...]``; the larger size of the targets:
-``--replicas 20 --days 30 --first-target 1.5``.
+``--replicas 20 --days 30 --first-target 1.5 --no-refresh-target``. Exits 1 when a target
+is missed.
 
 1. Builds (once; cached in ``--data``, default ``/tmp/vigil-dashboard-bench``) a store with
    ``bench/slo_bench.py``'s generator: one pool of vLLM replicas, every series the SLOs,
@@ -119,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--first-target", type=float, default=FIRST_TARGET_S,
                         help="first-load target (seconds)")
+    parser.add_argument("--no-refresh-target", dest="refresh_checked", action="store_false",
+                        help="report refreshes without holding them to their target (the "
+                             "20 × 30-day size has a first-load target only)")
     parser.add_argument("--data", type=Path, default=Path("/tmp/vigil-dashboard-bench"))
     args = parser.parse_args(argv)
 
@@ -148,10 +152,12 @@ def main(argv: list[str] | None = None) -> int:
             again = min(sessions.render(page, end, range_key) for _ in range(args.repeat))
             refresh = min(sessions.render(page, end + 60.0 * (i + 1), range_key)
                           for i in range(args.repeat))
-            ok = first <= args.first_target and refresh <= REFRESH_TARGET_S
-            met = met and ok
+            first_ok = first <= args.first_target
+            refresh_ok = refresh <= REFRESH_TARGET_S
+            met = met and first_ok and (refresh_ok or not args.refresh_checked)
             rows.append(f"| {name} | {range_key} | **{first:.2f} s** | {again:.2f} s "
-                        f"| {refresh:.2f} s | {'yes' if ok else '**no**'} |")
+                        f"| {refresh:.2f} s | {'yes' if first_ok else '**no**'} "
+                        f"| {'yes' if refresh_ok else '**no**'} |")
             print(f"  {name} {range_key}: first {first:.2f} s, again {again:.2f} s, "
                   f"refresh {refresh:.2f} s", file=sys.stderr, flush=True)
 
@@ -161,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
           f"(`dashboard.warm.prepare`) {started:.2f} s; the process's first render "
           f"{cold:.2f} s.\n")
     print(f"| page | range | first load | again | refresh (end + 1 min) "
-          f"| first ≤ {args.first_target:g} s, refresh ≤ {REFRESH_TARGET_S:g} s |")
-    print("|---|---|---|---|---|---|")
+          f"| first ≤ {args.first_target:g} s | refresh ≤ {REFRESH_TARGET_S:g} s |")
+    print("|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 0 if met else 1
 
