@@ -35,7 +35,6 @@ import contextlib
 import importlib.util
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,46 +43,30 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.processes import free_port, stop, wait_http  # noqa: E402
+
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 PROMPT_TOKENS, OUTPUT_TOKENS = 512, 128
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
-def replica(profile: str) -> Iterator[str]:
-    """``vigil sim`` with one replica of ``profile`` in a child process; yields its URL."""
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "vigil_shell", "sim", "--replicas", "1",
-                             "--port", str(port), "--profile", profile],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+def replica(profile: str, log: Path) -> Iterator[str]:
+    """``vigil sim`` with one replica of ``profile`` in a child process (its output in
+    ``log``); yields its URL."""
+    port = free_port()
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "vigil_shell", "sim", "--replicas", "1",
+                                 "--port", str(port), "--profile", profile],
+                                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vigil sim exited with code {proc.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/v1/models", timeout=2, trust_env=False).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("vigil sim did not answer within 60 s")
-            time.sleep(0.3)
+        wait_http(f"{url}/v1/models", proc, log)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def default_tokenizer() -> str:
@@ -207,7 +190,8 @@ def main() -> None:
         raise SystemExit(f"{args.guidellm!r} not found: pass --guidellm PATH")
     tokenizer = args.tokenizer or (default_tokenizer() if args.only != "vigil" else "")
     rows: list[tuple[str, float, dict[str, Any]]] = []
-    with tempfile.TemporaryDirectory() as tmp, replica(args.profile) as url:
+    with tempfile.TemporaryDirectory() as tmp, replica(args.profile,
+                                                       Path(tmp) / "sim.log") as url:
         folder = Path(tmp)
         if args.only != "vigil":
             assert exe is not None

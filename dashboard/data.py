@@ -43,7 +43,7 @@ from slo.objectives.anomaly import pool_anomalies
 from slo.objectives.burn_rate import burn_rate
 from slo.objectives.spec import SloSpec, effective_slos
 from slo.promql.tracks import Grid
-from slo.sources.on_grid import grid_of, on_grid
+from slo.sources.on_grid import OnGrid, grid_of
 from slo.sources.open import open_source
 from slo.sources.protocol import RangeSource, RequestLog, Source
 from slo.status import evaluate
@@ -375,18 +375,19 @@ def _settled_series(key: tuple[str, int], kind: str, args: tuple[Any, ...],
     missing = [t for t, k in zip(times, keys, strict=True) if k not in found]
     if missing:
         e = env(key)
+        source = e.source
         grid = grid_of(missing)
-        ranged = kind in _RANGES and grid is not None and isinstance(e.source, RangeSource)
-        if ranged:
-            assert grid is not None
-            wanted = set(keys)
-            instants = grid.instants_ms().tolist()
-            for at_ms, value in zip(instants, _RANGES[kind](e, grid, *args), strict=True):
-                k = (key, kind, args, at_ms / 1000.0)
-                _SETTLED_POINTS.put(k, value)
-                if k in wanted:
-                    found[k] = value
-        batch = Env(e.config, on_grid(e.source, missing), e.log)
+        if grid is not None and isinstance(source, RangeSource):
+            if kind in _RANGES:
+                wanted = set(keys)
+                instants = grid.instants_ms().tolist()
+                for at_ms, value in zip(instants, _RANGES[kind](e, grid, *args), strict=True):
+                    k = (key, kind, args, at_ms / 1000.0)
+                    _SETTLED_POINTS.put(k, value)
+                    if k in wanted:
+                        found[k] = value
+            source = OnGrid(source, grid)
+        batch = Env(e.config, source, e.log)
         for t in missing:
             k = (key, kind, args, t)
             if k not in found:

@@ -102,7 +102,11 @@ def test_off_grid_instants_go_to_the_wrapped_source(store: Store) -> None:
     assert batch.increase("vllm:generation_tokens_total", {}, at, 300.0) == \
         source.increase("vllm:generation_tokens_total", {}, at, 300.0)
     assert batch.semantics is source.semantics and batch.store is source.store
-    assert batch.window_arrays("up", {}, at, 300.0) is None
+    # Off the grid, the wrapped store's own arrays.
+    off = batch.window_arrays("up", {}, at, 300.0)
+    want = source.window_arrays("up", {}, at, 300.0)
+    assert off is not None and off and {k: (t.tolist(), v.tolist()) for k, (t, v) in off.items()} \
+        == {k: (t.tolist(), v.tolist()) for k, (t, v) in want.items()}
 
 
 def test_one_range_read_answers_every_instant(store: Store, monkeypatch) -> None:

@@ -95,8 +95,7 @@ import numpy.typing as npt
 from slo.objectives.quantiles import finite_or_none
 from slo.objectives.sli import replica_label, replica_of, vllm_matchers, vllm_up_matchers
 from slo.promql.aggregate import sum_by
-from slo.promql.lookup import Semantics, duration_ms, eval_time_ms
-from slo.sources.protocol import Downsampled, RequestLog, Source, is_external
+from slo.sources.protocol import Downsampled, OwnSamples, RequestLog, Source, is_external
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
     ERROR_CLIENT_CANCEL,
@@ -276,26 +275,18 @@ def _sample_arrays(source: Source, metric: str, matchers: Any, at_s: float, rang
     """The samples per series that ``samples(metric, at_s, range_s)`` gives, as arrays:
     times (Unix ms) and values, staleness markers and NaN left out.
 
-    Vigil's store hands them over as arrays in one read: a month of a fleet's scrapes is
-    millions of samples, and as ``Point`` objects most of a month's chargeback, and of a
-    chart of cost, went to making them. Any other source answers ``samples``, a day at a time
-    (``samples_between``) when ``chunked``."""
-    batch = getattr(source, "window_arrays", None)  # slo.sources.on_grid.OnGrid
-    cut: dict[Labels, tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] | None = (
-        batch(metric, matchers, at_s, range_s) if batch is not None else None)
-    if cut is not None:
-        return cut
-    store = getattr(source, "store", None)
-    if store is not None and not is_external(source) and hasattr(store, "series_arrays"):
-        # samples()'s window edges: 2.x keeps ts == at - range, 3.x does not.
-        at_ms = eval_time_ms(at_s)
-        mint = at_ms - duration_ms(range_s)
-        first_ms = mint if source.semantics is Semantics.V2 else mint + 1
-        out: dict[Labels, tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = {}
-        for key, _, ts, vals, stale in store.series_arrays(metric, matchers, first_ms, at_ms):
-            keep = ~stale & ~np.isnan(vals)
+    Vigil's store hands them over as arrays in one read (``OwnSamples.window_arrays``): a
+    month of a fleet's scrapes is millions of samples, and as ``Point`` objects most of a
+    month's chargeback, and of a chart of cost, went to making them. Any other source
+    answers ``samples``, a day at a time (``samples_between``) when ``chunked``."""
+    arrays = (source.window_arrays(metric, matchers, at_s, range_s)
+              if isinstance(source, OwnSamples) else None)
+    if arrays is not None:
+        out = {}
+        for labels, (ts, vals) in arrays.items():
+            keep = ~np.isnan(vals)
             if keep.any():
-                out[key.labels] = (ts[keep], vals[keep])
+                out[labels] = (ts[keep], vals[keep])
         return out
     read = (samples_between(source, metric, matchers, at_s - range_s, at_s) if chunked
             else source.samples(metric, matchers, at_s, range_s))

@@ -30,13 +30,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from slo.objectives.quantiles import finite_or_none
 from slo.objectives.sli import vllm_matchers
-from slo.promql.lookup import Semantics, duration_ms, eval_time_ms
 from slo.promql.quantile import parse_le
-from slo.sources.protocol import Matchers, RequestLog, Source, is_external
+from slo.sources.protocol import Matchers, OwnSamples, RequestLog, Source
 from vigil.config import Config, PoolConfig
 from vigil.conventions import (
     ANOMALY_HISTOGRAM_LOWER_BOUND,
@@ -50,7 +49,7 @@ from vigil.conventions import (
     VLLM_PROMPT_TOKENS_HIST,
 )
 from vigil.durations import format_duration
-from vigil.model import Labels, Point, SeriesKey
+from vigil.model import Labels, Point
 
 if TYPE_CHECKING:
     from collector.store.windows import CounterWindow
@@ -75,16 +74,6 @@ def raw_increase(points: list[Point]) -> float | None:
     return change
 
 
-class _RolledUp(Protocol):
-    """What ``_raw_increases`` reads of Vigil's store (``collector.store.Store``)."""
-
-    def counter_windows(self, name: str, matchers: Matchers, start_ms: int, end_ms: int
-                        ) -> Mapping[SeriesKey, CounterWindow] | None:
-        """Per series, its samples' count, first and last sample and the value before each
-        drop with ``start_ms <= ts <= end_ms`` (Unix ms); None without a rollup."""
-        ...
-
-
 def _window_increase(w: CounterWindow) -> float | None:
     """``raw_increase`` of the samples ``w`` summarises: the same operations in the same order
     (the last value minus the first, then each drop's previous value), so the same float."""
@@ -102,21 +91,16 @@ def _raw_increases(
     """Per series of ``metric{matchers}``, ``raw_increase`` over the window ending at
     ``at_s`` (Unix seconds), in label order; series with fewer than two samples absent.
 
-    From Vigil's store, its counter rollup (``Store.counter_windows``) gives each series'
-    first and last sample and drops in the window — all ``raw_increase`` reads — without
+    From Vigil's store, its counter rollup (``OwnSamples.counter_windows``) gives each
+    series' first and last sample and drops in the window — all ``raw_increase`` reads — without
     decoding every sample: a week of a histogram's buckets is millions of them. The window
     is the one ``samples`` reads (``select_range``'s edges). A Prometheus, or a store without
     a rollup yet, is read sample by sample."""
-    store: _RolledUp | None = getattr(source, "store", None)
-    if store is not None and not is_external(source) and getattr(source, "use_rollup", False):
-        at_ms = eval_time_ms(at_s)
-        mint = at_ms - duration_ms(window_s)
-        # select_range's left edge: 2.x keeps ts == at - window, 3.x does not.
-        first_ms = mint if source.semantics is Semantics.V2 else mint + 1
-        windows = store.counter_windows(metric, matchers, first_ms, at_ms)
-        if windows is not None:
-            return {key.labels: change for key, w in windows.items()
-                    if (change := _window_increase(w)) is not None}
+    windows = (source.counter_windows(metric, matchers, at_s, window_s)
+               if isinstance(source, OwnSamples) else None)
+    if windows is not None:
+        return {key.labels: change for key, w in windows.items()
+                if (change := _window_increase(w)) is not None}
     return {labels: change
             for labels, pts in source.samples(metric, matchers, at_s, window_s).items()
             if (change := raw_increase(pts)) is not None}

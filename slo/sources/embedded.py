@@ -27,6 +27,8 @@ from collector.store import counter_like
 # kahanSumInc as 3.x has it (compensation reset on ±Inf); shared with sum_by on purpose.
 from slo.promql.aggregate import _kahan_inc, instant_vector, sum_by
 from slo.promql.lookup import (
+    FloatArray,
+    IntArray,
     Semantics,
     SemanticsLike,
     Window,
@@ -248,6 +250,43 @@ class EmbeddedSource:
         at_ms = eval_time_ms(at_s)
         return self.store.points(metric, matchers, at_ms - duration_ms(range_s), at_ms)
 
+    def _window_ms(self, at_s: float, range_s: float) -> tuple[int, int, int]:
+        """``(mint, first_ms, at_ms)`` of ``x[range]`` at ``at_s``: the range's start, the
+        first sample time it keeps (``select_range``'s left edge: 2.x keeps ``ts == mint``,
+        3.x does not) and its end, Unix ms."""
+        at_ms = eval_time_ms(at_s)
+        mint = at_ms - duration_ms(range_s)
+        return mint, (mint if self.semantics is Semantics.V2 else mint + 1), at_ms
+
+    def counter_windows(
+        self, metric: str, matchers: Matchers, at_s: float, window_s: float
+    ) -> dict[SeriesKey, CounterWindow] | None:
+        """What the samples of ``metric{matchers}[window]`` at ``at_s`` hold for
+        ``increase``: per series, their count, first and last sample and the value before
+        each drop (``Store.counter_windows``: from the rollup, without decoding every
+        sample). ``None`` while the store has no rollup (read the samples then)."""
+        if not self.use_rollup:
+            return None
+        _, first_ms, at_ms = self._window_ms(at_s, window_s)
+        return self.store.counter_windows(metric, matchers, first_ms, at_ms)
+
+    def window_arrays(
+        self, metric: str, matchers: Matchers, at_s: float, range_s: float
+    ) -> dict[Labels, tuple[IntArray, FloatArray]]:
+        """``samples(metric, matchers, at_s, range_s)`` as arrays per series: times (Unix ms)
+        and values (NaN samples kept), staleness markers left out; series without a sample
+        absent. One read of the store's arrays, no ``Point`` per sample: what reads a month
+        of a fleet's scrapes (the cost's ``up``) reads it this way."""
+        _, first_ms, at_ms = self._window_ms(at_s, range_s)
+        out: dict[Labels, tuple[IntArray, FloatArray]] = {}
+        for key, _, ts, vals, stale in self.store.series_arrays(metric, matchers, first_ms,
+                                                                at_ms):
+            if stale.any():
+                ts, vals = ts[~stale], vals[~stale]
+            if ts.size:
+                out[key.labels] = (ts, vals)
+        return out
+
     def _series_increases(
         self, metric: str, matchers: Matchers, at_s: float, window_s: float
     ) -> dict[Labels, float]:
@@ -261,18 +300,14 @@ class EmbeddedSource:
         with fewer than two samples in the window are absent, as in PromQL.
         """
         out: dict[Labels, float] = {}
-        if self.use_rollup:
-            at_ms = eval_time_ms(at_s)
-            mint = at_ms - duration_ms(window_s)
-            # select_range's left edge: v2 keeps ts == t - range, v3 does not.
-            first_ms = mint if self.semantics is Semantics.V2 else mint + 1
-            windows = self.store.counter_windows(metric, matchers, first_ms, at_ms)
-            if windows is not None:
-                for key, w in windows.items():
-                    value = _increase_of(w, mint, at_ms, self.semantics)
-                    if value is not None:
-                        out[key.labels] = value
-                return out
+        windows = self.counter_windows(metric, matchers, at_s, window_s)
+        if windows is not None:
+            mint, _, at_ms = self._window_ms(at_s, window_s)
+            for key, w in windows.items():
+                value = _increase_of(w, mint, at_ms, self.semantics)
+                if value is not None:
+                    out[key.labels] = value
+            return out
         for key, pts in self._read(metric, matchers, at_s, window_s).items():
             value = increase(
                 [p.ts_ms for p in pts], [p.value for p in pts], at_s, window_s, self.semantics
@@ -323,9 +358,7 @@ class EmbeddedSource:
         if self.use_rollup:
             # The store's gauge rollup gives the mean exactly when every sample is an integer
             # (3.x) or all are equal (2.x) — always so for `up`; other series read samples.
-            at_ms = eval_time_ms(at_s)
-            mint = at_ms - duration_ms(window_s)
-            first_ms = mint if self.semantics is Semantics.V2 else mint + 1
+            _, first_ms, at_ms = self._window_ms(at_s, window_s)
             windows = self.store.gauge_windows(metric, matchers, first_ms, at_ms)
             if windows is not None:
                 slow = set()

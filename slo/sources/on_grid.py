@@ -27,12 +27,10 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from slo.promql.lookup import FloatArray, IntArray, Semantics, duration_ms, window_bounds
 from slo.promql.quantile import Bucket
 from slo.promql.tracks import Grid, Track
-from slo.sources.protocol import Matchers, RangeSource, is_external
+from slo.sources.protocol import Matchers, OwnSamples, RangeSource
 from vigil.model import Labels
 
 __all__ = ["OnGrid", "grid_of", "on_grid"]
@@ -143,35 +141,26 @@ class OnGrid:
         return _at(tracks, i)
 
     def window_arrays(self, metric: str, matchers: Matchers, at_s: float, range_s: float
-                      ) -> dict[Labels, tuple[IntArray, FloatArray]] | None:
-        """Per series, the samples ``samples(metric, at_s, range_s)`` gives, as arrays (times
-        in Unix ms, values; staleness markers and NaN left out), cut from one read of Vigil's
-        store over every instant's range; ``None`` off the grid or for a source without a
-        store of its own (what asks then reads as before: ``slo.cost.pool``)."""
-        i = self._index(at_s)
-        store = getattr(self._source, "store", None)
-        if i is None or store is None or is_external(self._source):
+                      ) -> Mapping[Labels, tuple[IntArray, FloatArray]] | None:
+        """``OwnSamples.window_arrays``; at a grid instant cut from one read of every
+        instant's range together. ``None`` when the wrapped source reads no samples itself
+        (a Prometheus: what asks then reads ``samples``, ``slo.cost.pool``)."""
+        source = self._source
+        if not isinstance(source, OwnSamples):
             return None
+        i = self._index(at_s)
+        if i is None:
+            return source.window_arrays(metric, matchers, at_s, range_s)
         g = self._grid
-        semantics = self._source.semantics
         range_ms = duration_ms(range_s)
-
-        def read() -> dict[Labels, tuple[IntArray, FloatArray]]:
-            first = g.start_ms - range_ms
-            out: dict[Labels, tuple[IntArray, FloatArray]] = {}
-            for key, _, ts, vals, stale in store.series_arrays(
-                    metric, matchers, first if semantics is Semantics.V2 else first + 1,
-                    g.end_ms):
-                keep = ~stale & ~np.isnan(vals)
-                if keep.any():
-                    out[key.labels] = (ts[keep], vals[keep])
-            return out
-
-        union = self._once(("window_arrays", metric, _key(matchers), range_s), read)
+        union = self._once(
+            ("window_arrays", metric, _key(matchers), range_s),
+            lambda: source.window_arrays(metric, matchers, g.end_ms / 1000.0,
+                                         (g.end_ms - g.start_ms) / 1000.0 + range_s) or {})
         at_ms = g.start_ms + i * g.step_ms
         cut: dict[Labels, tuple[IntArray, FloatArray]] = {}
         for labels, (ts, vals) in union.items():
-            lo, hi = window_bounds(ts, at_ms, range_ms, semantics)
+            lo, hi = window_bounds(ts, at_ms, range_ms, source.semantics)
             if hi > lo:
                 cut[labels] = (ts[lo:hi], vals[lo:hi])
         return cut

@@ -35,18 +35,22 @@ within the lookback) is absent from the dict, never 0.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
-from slo.promql.lookup import Semantics
+from slo.promql.lookup import FloatArray, IntArray, Semantics
 from slo.promql.quantile import Bucket
 from slo.promql.tracks import Grid, Track
-from vigil.model import Labels, Point, RequestRecord
+from vigil.model import Labels, Point, RequestRecord, SeriesKey
 from vigil.selectors import Selector
+
+if TYPE_CHECKING:
+    from collector.store import CounterWindow
 
 __all__ = [
     "Downsampled",
     "LeChoice",
     "Matchers",
+    "OwnSamples",
     "RangeSource",
     "RequestLog",
     "Source",
@@ -180,6 +184,26 @@ class RangeSource(Source, Protocol):
     def instant_range(self, metric: str, matchers: Matchers, grid: Grid) -> dict[Labels, Track]:
         """``metric{matchers}`` per series at every instant (each series' latest value
         within the lookback, as ``instant`` gives it)."""
+        ...
+
+
+@runtime_checkable
+class OwnSamples(Protocol):
+    """A source that reads its own samples (the embedded store; a Prometheus answers queries
+    only) and hands readers of many samples what they need without a ``Point`` per sample:
+    each series' counter window from the rollup, or its samples as arrays. Both cover the
+    window ``samples(metric, matchers, at_s, range_s)`` reads."""
+
+    def counter_windows(self, metric: str, matchers: Matchers, at_s: float, window_s: float
+                        ) -> Mapping[SeriesKey, CounterWindow] | None:
+        """Per series, count, first and last sample and the value before each drop; None
+        while there is no rollup."""
+        ...
+
+    def window_arrays(self, metric: str, matchers: Matchers, at_s: float, range_s: float
+                      ) -> Mapping[Labels, tuple[IntArray, FloatArray]] | None:
+        """Per series, times (Unix ms) and values, staleness markers left out; None when
+        this source cannot say (a wrapper over a source that reads no samples itself)."""
         ...
 
 
